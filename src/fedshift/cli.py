@@ -1,0 +1,204 @@
+"""``fedshift``: one entry point, one subcommand per pipeline verb.
+
+    fedshift list {datasets,scenarios,public,models,structures,methods}
+    fedshift fetch DATASET            (DVC stage fetch@DATASET)
+    fedshift public NAME              (DVC stage public@NAME)
+    fedshift partition SCENARIO       (DVC stage partition@SCENARIO)
+    fedshift pretrain CONFIG OUT      (Snakemake rule pretrain)
+    fedshift federate CONFIG OUT      (Snakemake rule federate)
+    fedshift collect OUT RUN_DIRS...  (Snakemake rule collect)
+    fedshift report RUNS_CSV OUT      (Snakemake rule report)
+    fedshift validate                 (check params/*.yaml without running anything)
+
+Bad input ends with one line ``fedshift: error: <what and what is valid>`` and exit
+status 2, before any long work starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Callable, Dict, List
+
+from .errors import ConfigError
+
+
+def _registries() -> Dict[str, Callable[[], List[str]]]:
+    def lazy(getter):
+        return getter
+
+    def datasets():
+        from .data import DATASETS
+        return DATASETS.names()
+
+    def scenarios():
+        from .data import SCENARIOS
+        return SCENARIOS.names()
+
+    def public():
+        from .data import PUBLIC_SETS
+        return PUBLIC_SETS.names()
+
+    def models():
+        from .models import MODELS
+        return MODELS.names()
+
+    def structures():
+        from .models.structures import STRUCTURES
+        return STRUCTURES.names()
+
+    def methods():
+        from .methods import METHODS
+        return METHODS.names()
+
+    return {"datasets": datasets, "scenarios": scenarios, "public": public, "models": models,
+            "structures": structures, "methods": methods}
+
+
+def cmd_list(args) -> None:
+    for name in _registries()[args.kind]():
+        print(name)
+
+
+def _data_params(path: Path) -> dict:
+    from .experiments import load_yaml
+
+    return load_yaml(path)
+
+
+def cmd_fetch(args) -> None:
+    from .data import FetchContext, build
+
+    params = _data_params(args.params)
+    mirror = os.environ.get("FEDSHIFT_MIRROR") or params.get("mirror")
+    ctx = FetchContext(data_dir=Path(args.data_dir), cache_dir=Path(args.cache_dir), mirror=mirror)
+    overrides = (params.get("dataset_params") or {}).get(args.dataset)
+    build.fetch_dataset(args.dataset, Path(args.out or f"build/datasets/{args.dataset}"), ctx, overrides)
+
+
+def cmd_public(args) -> None:
+    from .data import PUBLIC_SETS, build
+
+    params = _data_params(args.params)
+    spec = PUBLIC_SETS.get(args.name, key="public")
+    overrides = (params.get("public") or {}).get(args.name)
+    build.build_public(args.name, Path(args.datasets) / spec.dataset, Path(args.out or f"build/public/{args.name}"),
+                       overrides)
+
+
+def cmd_partition(args) -> None:
+    from .data import DATASETS, build
+
+    params = _data_params(args.params)
+    overrides = (params.get("scenarios") or {}).get(args.scenario)
+    dirs = {d: Path(args.datasets) / d for d in DATASETS.names()}
+    build.partition(args.scenario, dirs, Path(args.out or f"build/partitions/{args.scenario}"), overrides)
+
+
+def _job(kind: str, args) -> None:
+    import yaml
+
+    from .engine import runner
+    from .tracking import git_commit, mlflow_run
+
+    cfg = yaml.safe_load(Path(args.config).read_text())
+    fn = runner.run_pretrain if kind == "pretrain" else runner.run_federate
+    if args.no_tracking or os.environ.get("FEDSHIFT_TRACKING", "mlflow") == "none":
+        fn(cfg, Path(args.out))
+        return
+    from .config import flatten
+
+    tags = {"fedshift.kind": kind, "git.commit": git_commit(), **{f"wildcard.{k}": str(v) for k, v in cfg["wildcards"].items()}}
+    with mlflow_run(cfg["scenario"], cfg["run_name"], tags) as tracker:
+        tracker.log_params(flatten({k: v for k, v in cfg.items() if k not in ("paths",)}))
+        fn(cfg, Path(args.out), tracker)
+
+
+def cmd_pretrain(args) -> None:
+    _job("pretrain", args)
+
+
+def cmd_federate(args) -> None:
+    _job("federate", args)
+
+
+def cmd_collect(args) -> None:
+    from .report.collect import collect
+
+    collect([Path(p) for p in args.runs], Path(args.out))
+
+
+def cmd_report(args) -> None:
+    from .report.report import make_report
+
+    import yaml
+
+    report_cfg = yaml.safe_load(Path(args.config).read_text()) if args.config else {}
+    make_report(Path(args.runs_csv), Path(args.out), report_cfg or {}, tracking=not args.no_tracking)
+
+
+def cmd_validate(args) -> None:
+    from .experiments import load_experiments
+
+    plan = load_experiments(Path(args.experiments), Path(args.data_params))
+    print(f"ok: {len(plan.pretrain)} pretrain and {len(plan.federate)} federate jobs")
+
+
+def main(argv: List[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="fedshift", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("list", help="print registered names, one per line")
+    p.add_argument("kind", choices=sorted(_registries()))
+    p.set_defaults(fn=cmd_list)
+
+    for name, fn, arg in (("fetch", cmd_fetch, "dataset"), ("public", cmd_public, "name"),
+                          ("partition", cmd_partition, "scenario")):
+        p = sub.add_parser(name, help=f"{name} stage (DVC)")
+        p.add_argument(arg)
+        p.add_argument("--params", type=Path, default=Path("params/data.yaml"))
+        p.add_argument("--out", default=None)
+        p.add_argument("--datasets", default="build/datasets", help="folder of fetched datasets")
+        p.add_argument("--data-dir", default="data", help="manually supplied archives (data.dvc)")
+        p.add_argument("--cache-dir", default="build/downloads", help="downloaded archives")
+        p.set_defaults(fn=fn)
+
+    for name, fn in (("pretrain", cmd_pretrain), ("federate", cmd_federate)):
+        p = sub.add_parser(name, help=f"run one {name} job from its resolved config")
+        p.add_argument("config")
+        p.add_argument("out")
+        p.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+        p.set_defaults(fn=fn)
+
+    p = sub.add_parser("collect", help="gather run folders into one tidy CSV")
+    p.add_argument("out")
+    p.add_argument("runs", nargs="+")
+    p.set_defaults(fn=cmd_collect)
+
+    p = sub.add_parser("report", help="tables and figures from the tidy CSV")
+    p.add_argument("runs_csv")
+    p.add_argument("out")
+    p.add_argument("--config", default=None, help="report section of the experiment config (YAML)")
+    p.add_argument("--no-tracking", action="store_true")
+    p.set_defaults(fn=cmd_report)
+
+    p = sub.add_parser("validate", help="check the experiment grid and configs")
+    p.add_argument("--experiments", default="params/experiments.yaml")
+    p.add_argument("--data-params", default="params/data.yaml")
+    p.set_defaults(fn=cmd_validate)
+
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        args.fn(args)
+    except ConfigError as exc:
+        print(f"fedshift: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

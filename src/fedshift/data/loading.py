@@ -1,0 +1,90 @@
+"""Load a built partition and public set as device tensors for training.
+
+Images stay uint8 (N x C x H x W) on the training device and are normalised per
+batch (:func:`normalize`), so even SVHN-sized sets fit and no per-sample decoding
+ever happens. The public set is converted once to the scenario's image format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from ..errors import ConfigError
+from . import store
+from .scenarios.common import to_format
+
+MEAN, STD = 0.5, 0.5  # images are mapped to [-1, 1]: no per-dataset statistics leak across domains
+
+
+def normalize(x: torch.Tensor) -> torch.Tensor:
+    """uint8 batch -> float in [-1, 1]."""
+    return (x.float() / 255.0 - MEAN) / STD
+
+
+@dataclass
+class ClientData:
+    name: str
+    domain: str
+    splits: Dict[str, Tuple[torch.Tensor, torch.Tensor]]  # split -> (uint8 images, int64 labels)
+
+    def get(self, split: str) -> Tuple[torch.Tensor, torch.Tensor]:
+        if split not in self.splits:
+            raise ConfigError(f"participant {self.name!r} has no {split!r} split (has {sorted(self.splits)})")
+        return self.splits[split]
+
+    @property
+    def num_private(self) -> int:
+        return len(self.splits["private"][1])
+
+
+@dataclass
+class FederatedData:
+    scenario: str
+    num_classes: int
+    image_shape: Tuple[int, int, int]
+    clients: List[ClientData]
+    public: Optional[torch.Tensor]  # unlabeled uint8 images at the scenario's format, or None
+    public_name: Optional[str]
+    manifests: Dict[str, str] = field(default_factory=dict)  # name -> sha256 of its manifest.json
+
+    @property
+    def names(self) -> List[str]:
+        return [c.name for c in self.clients]
+
+
+def load_federated(partition_dir: Path, public_dir: Optional[Path] = None, device: str | torch.device = "cpu",
+                   participants: Optional[List[str]] = None) -> FederatedData:
+    partition_dir = Path(partition_dir)
+    manifest = store.read_manifest(partition_dir)
+    shape = tuple(manifest["image_shape"])
+    order = manifest["participants_order"]
+    if participants is not None:
+        unknown = [p for p in participants if p not in order]
+        if unknown:
+            raise ConfigError(f"unknown participant(s) {unknown} in {partition_dir}; valid: {', '.join(order)}")
+        order = [p for p in order if p in participants]
+    clients = []
+    for name in order:
+        info = manifest["participants"][name]
+        splits = {}
+        for split in info["splits"]:
+            x, y = store.load_split(partition_dir / name, split)
+            splits[split] = (torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
+        clients.append(ClientData(name=name, domain=info["domain"], splits=splits))
+    manifests = {f"partition/{manifest['name']}": store.sha256_file(partition_dir / store.MANIFEST)}
+    public = None
+    public_name = None
+    if public_dir is not None:
+        pm = store.read_manifest(public_dir)
+        px, _ = store.load_split(public_dir, "train")
+        public = torch.from_numpy(to_format(px, shape)).to(device)
+        public_name = pm["name"]
+        manifests[f"public/{public_name}"] = store.sha256_file(Path(public_dir) / store.MANIFEST)
+    return FederatedData(
+        scenario=manifest["name"], num_classes=int(manifest["num_classes"]), image_shape=shape,
+        clients=clients, public=public, public_name=public_name, manifests=manifests,
+    )

@@ -1,0 +1,106 @@
+"""Helpers shared by scenario builders: stratified splits and format conversion."""
+
+from __future__ import annotations
+
+from typing import Dict, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+
+def stratified_split(labels: np.ndarray, fractions: Dict[str, float], rng: np.random.Generator,
+                     rest: str = "private") -> Dict[str, np.ndarray]:
+    """Split row indices class by class: ``fractions[name]`` of each class goes to ``name``,
+    the remainder to ``rest``. Counts are rounded per class; the result is sorted per split."""
+    out: Dict[str, list] = {name: [] for name in list(fractions) + [rest]}
+    for c in np.unique(labels):
+        rows = rng.permutation(np.flatnonzero(labels == c))
+        start = 0
+        for name, frac in fractions.items():
+            k = int(round(frac * len(rows)))
+            out[name].append(rows[start:start + k])
+            start += k
+        out[rest].append(rows[start:])
+    return {k: np.sort(np.concatenate(v)) if v else np.empty(0, np.int64) for k, v in out.items()}
+
+
+def per_class_sample(labels: np.ndarray, per_class: int, rng: np.random.Generator) -> np.ndarray:
+    """``per_class`` random rows of every class (sorted); error if a class has fewer."""
+    rows = []
+    for c in np.unique(labels):
+        cand = np.flatnonzero(labels == c)
+        if len(cand) < per_class:
+            raise ValueError(f"class {c} has {len(cand)} images, {per_class} asked")
+        rows.append(rng.choice(cand, size=per_class, replace=False))
+    return np.sort(np.concatenate(rows))
+
+
+def to_format(images: np.ndarray | torch.Tensor, shape: Tuple[int, int, int]) -> np.ndarray:
+    """uint8 N x C x H x W -> uint8 at ``shape`` = (C, H, W): grey <-> RGB and antialiased resize.
+
+    Grey to RGB repeats the channel; RGB to grey uses ITU-R 601 luma weights.
+    """
+    x = torch.as_tensor(np.asarray(images))
+    c, h, w = shape
+    if x.shape[1] != c:
+        if x.shape[1] == 1:
+            x = x.expand(-1, c, -1, -1)
+        elif c == 1:
+            wts = torch.tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1)
+            x = (x.float() * wts).sum(1, keepdim=True).round().clamp(0, 255).to(torch.uint8)
+        else:
+            raise ValueError(f"cannot convert {x.shape[1]} channels to {c}")
+    if tuple(x.shape[2:]) != (h, w):
+        out = []
+        for chunk in torch.split(x, 4096):  # bounded memory on large datasets
+            y = F.interpolate(chunk.float(), size=(h, w), mode="bilinear", antialias=True, align_corners=False)
+            out.append(y.round().clamp(0, 255).to(torch.uint8))
+        x = torch.cat(out) if out else x[:, :, :h, :w]
+    return np.ascontiguousarray(x.numpy())
+
+
+def rotate(images: np.ndarray, degrees_clockwise: float) -> np.ndarray:
+    """Rotate a uint8 batch clockwise about the centre (bilinear, zero fill)."""
+    if degrees_clockwise % 360 == 0 or len(images) == 0:
+        return images.copy()
+    from torchvision.transforms.functional import InterpolationMode
+    from torchvision.transforms.functional import rotate as tv_rotate
+
+    x = torch.as_tensor(images).float()
+    y = tv_rotate(x, -float(degrees_clockwise), interpolation=InterpolationMode.BILINEAR)
+    return np.ascontiguousarray(y.round().clamp(0, 255).to(torch.uint8).numpy())
+
+
+def take(images: np.ndarray, labels: np.ndarray, rows: Sequence[int]):
+    rows = np.asarray(rows, dtype=np.int64)
+    return np.ascontiguousarray(images[rows]), np.ascontiguousarray(labels[rows]), rows
+
+
+def sample_rows(n_total: int, k: int, rng: np.random.Generator, what: str = "split") -> np.ndarray:
+    """``k`` distinct random rows of ``range(n_total)``, sorted; error naming ``what`` if too few."""
+    if k > n_total:
+        raise ValueError(f"{what}: {k} images asked, only {n_total} available")
+    return np.sort(rng.choice(n_total, size=k, replace=False))
+
+
+def deal(rows: np.ndarray, sizes: Sequence[int], what: str = "split") -> list:
+    """Consecutive blocks of ``rows`` with the given sizes (each sorted); error if too few rows."""
+    if sum(sizes) > len(rows):
+        raise ValueError(f"{what}: {sum(sizes)} images asked, only {len(rows)} available")
+    bounds = np.cumsum([0, *sizes])
+    return [np.sort(rows[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
+
+
+def make_split(images: np.ndarray, labels: np.ndarray, rows: Sequence[int], source: str,
+               shape: Tuple[int, int, int]):
+    """A :class:`~fedshift.data.registry.Split` of ``rows`` converted to ``shape`` with :func:`to_format`."""
+    from ..registry import Split
+
+    rows = np.asarray(rows, dtype=np.int64)
+    return Split(to_format(images[rows], shape), np.asarray(labels[rows], dtype=np.int64), rows, source)
+
+
+def seeds(seed: int, n: int) -> list:
+    """``n`` independent generators derived from one seed (SeedSequence.spawn)."""
+    return [np.random.default_rng(s) for s in np.random.SeedSequence(seed).spawn(n)]

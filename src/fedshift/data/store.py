@@ -1,0 +1,154 @@
+"""On-disk format shared by every dataset, public set and partition.
+
+A *split* is two ``.npy`` files: ``<split>_images.npy`` (uint8, N x C x H x W) and
+``<split>_labels.npy`` (int64, N; -1 for unlabeled). ``.npy`` is deterministic (the
+same arrays give the same bytes, so ``dvc.lock`` hashes are stable across machines),
+memory-mappable and readable without fedshift. Each folder carries ``manifest.json``
+(source, licence note, counts per class, sha256 of every file) written last, so a
+folder without a manifest is unfinished.
+
+Writers never leave half-written folders: :func:`atomic_dir` builds the folder under
+a temporary name beside the target and swaps it in with renames at the end.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Dict, Iterator, Tuple
+
+import numpy as np
+
+from ..errors import ConfigError
+
+MANIFEST = "manifest.json"
+
+
+def sha256_file(path: Path, chunk: int = 1 << 20) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(chunk), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def image_hashes(images: np.ndarray) -> np.ndarray:
+    """One 16-hex-digit blake2b digest per image (content identity for audits)."""
+    if len(images) == 0:
+        return np.empty(0, dtype="<U16")
+    flat = np.ascontiguousarray(images).reshape(len(images), -1)
+    return np.array([hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest() for row in flat])
+
+
+@contextlib.contextmanager
+def atomic_dir(target: Path) -> Iterator[Path]:
+    """Yield a temporary folder; on success it replaces ``target``; on error it is removed.
+
+    The previous content of ``target`` stays untouched until the new one is complete.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = target.parent / f".{target.name}.old-{os.getpid()}"
+    if target.exists():
+        os.replace(target, old)
+    os.replace(tmp, target)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write a text file through a temporary name and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def write_json(path: Path, obj) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+
+
+def check_split(images: np.ndarray, labels: np.ndarray, name: str = "split") -> None:
+    if images.dtype != np.uint8 or images.ndim != 4:
+        raise ValueError(f"{name}: images must be uint8 N x C x H x W, got {images.dtype} {images.shape}")
+    if labels.dtype != np.int64 or labels.shape != (len(images),):
+        raise ValueError(f"{name}: labels must be int64 of length {len(images)}, got {labels.dtype} {labels.shape}")
+
+
+def save_split(folder: Path, split: str, images: np.ndarray, labels: np.ndarray) -> None:
+    check_split(images, labels, split)
+    folder.mkdir(parents=True, exist_ok=True)
+    np.save(folder / f"{split}_images.npy", np.ascontiguousarray(images), allow_pickle=False)
+    np.save(folder / f"{split}_labels.npy", np.ascontiguousarray(labels), allow_pickle=False)
+
+
+def load_split(folder: Path, split: str, mmap: bool = False) -> Tuple[np.ndarray, np.ndarray]:
+    folder = Path(folder)
+    img, lab = folder / f"{split}_images.npy", folder / f"{split}_labels.npy"
+    if not img.exists() or not lab.exists():
+        raise ConfigError(
+            f"missing data file {img if not img.exists() else lab}; run `dvc repro` "
+            "(or `fedshift fetch` / `fedshift partition`) to build it"
+        )
+    mode = "r" if mmap else None
+    return np.load(img, mmap_mode=mode, allow_pickle=False), np.load(lab, mmap_mode=mode, allow_pickle=False)
+
+
+def class_counts(labels: np.ndarray) -> Dict[str, int]:
+    values, counts = np.unique(labels, return_counts=True)
+    return {str(int(v)): int(c) for v, c in zip(values, counts)}
+
+
+def split_summary(images: np.ndarray, labels: np.ndarray) -> dict:
+    return {"n": int(len(labels)), "shape": list(images.shape[1:]), "class_counts": class_counts(labels)}
+
+
+def file_hashes(folder: Path) -> Dict[str, str]:
+    """sha256 of every file below ``folder`` except the manifest itself (sorted, relative paths)."""
+    folder = Path(folder)
+    return {
+        str(p.relative_to(folder)): sha256_file(p)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file() and p.name != MANIFEST
+    }
+
+
+def write_manifest(folder: Path, info: dict) -> dict:
+    """Add the files' sha256 to ``info`` and write it as the folder's manifest (last step)."""
+    manifest = dict(info)
+    manifest["files"] = file_hashes(folder)
+    write_json(Path(folder) / MANIFEST, manifest)
+    return manifest
+
+
+def read_manifest(folder: Path) -> dict:
+    path = Path(folder) / MANIFEST
+    if not path.exists():
+        raise ConfigError(f"missing {path}; run `dvc repro` to build it")
+    return json.loads(path.read_text())
+
+
+def verify_manifest(folder: Path) -> None:
+    """Recompute every file hash and compare with the manifest; raise naming the first mismatch."""
+    manifest = read_manifest(folder)
+    actual = file_hashes(folder)
+    for name, digest in manifest["files"].items():
+        if actual.get(name) != digest:
+            raise ConfigError(f"{Path(folder) / name}: sha256 differs from {MANIFEST} (file changed or missing)")

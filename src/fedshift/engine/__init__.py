@@ -1,0 +1,1 @@
+"""Round loop, local training helpers and vectorised evaluation (no tracking, no workflow)."""

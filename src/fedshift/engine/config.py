@@ -1,0 +1,61 @@
+"""Engine settings shared by every method: rounds, epochs, batches, optimiser, device.
+
+Defaults follow FCCL+ § 4.1 and the authors' code where the paper is silent; each
+default says where it comes from. ``params/experiments.yaml`` overrides them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    rounds: int = 40  # FCCL+ § 4.1: 40 communication rounds
+    local_epochs: int = 20  # authors' code: 20 local epochs per round (FCCL+ Table XIX studies 10/20/30)
+    local_batch: int = 256  # FCCL+ § 4.1: batch 256 on private data
+    public_batch: int = 512  # FCCL+ § 4.1: batch 512 on public data (authors' code: 256)
+    public_epochs: int = 1  # passes over the public set per collaborative step (authors' code: 1)
+    optimizer: Literal["adam", "sgd"] = "adam"  # FCCL+ § 4.1: Adam for both phases
+    lr: float = 1e-3  # local learning rate (FCCL+ § 4.1)
+    public_lr: float = 1e-3  # collaborative learning rate (FCCL+ § 4.1)
+    weight_decay: float = 1e-5  # authors' code, local updating only
+    momentum: float = 0.9  # SGD only
+    lr_decay: bool = False  # authors' code decays both rates as lr * (1 - 0.9 t / T); off = paper
+    public_aug: Literal["none", "weak", "strong"] = "weak"  # FCCL+ § 4.1 / Table XIII recipes
+    norm: Literal["batch", "group"] = "batch"  # normalisation layers of every model
+    eval_every: int = 1  # evaluate every k rounds (the last round always)
+    eval_batch: int = 2048  # evaluation batch; evaluation is vectorised over all test sets
+    last_k: int = 3  # headline = mean of the last 3 evaluated rounds (FCCL+ tables)
+    device: str = "auto"  # "auto" = CUDA when available, else CPU; or "cpu", "cuda", "cuda:1"
+    deterministic: bool = False  # torch.use_deterministic_algorithms (slower on GPU)
+    threads: Optional[int] = None  # torch intra-op threads (None: torch's default)
+
+    def __post_init__(self):
+        for key in ("rounds", "local_batch", "public_batch", "eval_every", "eval_batch", "last_k"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if self.local_epochs < 0 or self.public_epochs < 0:
+            raise ValueError("local_epochs and public_epochs must be >= 0")
+
+    def lr_at(self, base: float, round_index: int) -> float:
+        """Learning rate of round ``round_index`` (0-based) under the optional linear decay."""
+        if not self.lr_decay:
+            return base
+        return base * (1 - 0.9 * round_index / self.rounds)
+
+
+@dataclass(frozen=True)
+class PretrainConfig:
+    epochs: int = 50  # FCCL+ § 4.1: SOLO/BASE = 50 epochs on private data only
+    batch: int = 256  # private batch
+    optimizer: Literal["adam", "sgd"] = "adam"
+    lr: float = 1e-3
+    weight_decay: float = 1e-5
+    momentum: float = 0.9
+    norm: Literal["batch", "group"] = "batch"
+    eval_every: int = 5  # evaluate on every domain's test set every k epochs (and the last)
+    eval_batch: int = 2048
+    device: str = "auto"
+    threads: Optional[int] = None

@@ -1,0 +1,193 @@
+"""The federation: participants (model + data), the public set, and the round loop.
+
+Knows nothing of MLflow, DVC or Snakemake: it reports through a tracker and a
+progress callback, and returns per-round records. Methods (``fedshift.methods``)
+drive it through a few helpers: :meth:`Federation.public_batches`,
+:meth:`Federation.train_local`, :meth:`Federation.make_optimizer`.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterator, List, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from ..data.augment import augment
+from ..data.loading import ClientData, FederatedData, normalize
+from ..models import FedModel
+from .config import EngineConfig
+from .evaluation import evaluate_domains, intra_inter
+
+log = logging.getLogger(__name__)
+
+
+def resolve_device(spec: str) -> torch.device:
+    if spec == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(spec)
+
+
+def derive_seeds(seed: int, n: int) -> List[int]:
+    """Independent child seeds (never typed twice): SeedSequence(seed).spawn(n)."""
+    return [int(s.generate_state(1)[0]) for s in np.random.SeedSequence(seed).spawn(n)]
+
+
+@dataclass
+class Client:
+    """One participant: its data, its model and per-method state (teachers, prototypes...)."""
+
+    index: int
+    name: str
+    domain: str
+    arch: str
+    model: FedModel
+    data: ClientData
+    generator: torch.Generator  # private-data shuffling
+    state: Dict[str, object] = field(default_factory=dict)
+
+    @property
+    def num_private(self) -> int:
+        return self.data.num_private
+
+
+def make_optimizer(params, kind: str, lr: float, weight_decay: float = 0.0, momentum: float = 0.9):
+    if kind == "adam":
+        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
+    return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+
+
+def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A detached eval-mode copy (teachers, global models)."""
+    m = copy.deepcopy(model)
+    m.eval()
+    for p in m.parameters():
+        p.requires_grad_(False)
+    return m
+
+
+LossFn = Callable[[Client, torch.Tensor, torch.Tensor, int], torch.Tensor]
+
+
+class Federation:
+    def __init__(self, data: FederatedData, models: List[FedModel], archs: List[str], cfg: EngineConfig,
+                 seed: int, device: torch.device, progress: Optional[Callable[[str], None]] = None):
+        self.data = data
+        self.cfg = cfg
+        self.device = device
+        self.seed = seed
+        seeds = derive_seeds(seed, len(models) + 2)
+        self.clients = [
+            Client(i, cd.name, cd.domain, arch, m.to(device), cd,
+                   torch.Generator().manual_seed(s))
+            for i, (cd, m, arch, s) in enumerate(zip(data.clients, models, archs, seeds))
+        ]
+        self.public_gen = torch.Generator().manual_seed(seeds[-2])
+        self.aug_gen = torch.Generator().manual_seed(seeds[-1])
+        self.num_classes = data.num_classes
+        self.round = 0
+        self.progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
+        self.timers: Dict[str, float] = {}
+
+    # ------------------------------------------------------------------ data
+    @property
+    def homogeneous(self) -> bool:
+        return len({c.arch for c in self.clients}) == 1
+
+    def public_batches(self, batch: Optional[int] = None, epochs: Optional[int] = None,
+                       aug: Optional[str] = None, drop_last: bool = True) -> Iterator[torch.Tensor]:
+        """Shuffled, normalised, augmented public batches for one collaborative step."""
+        if self.data.public is None:
+            raise RuntimeError("this method needs a public set but the run has none")
+        pub = self.data.public
+        batch = batch or self.cfg.public_batch
+        batch = min(batch, len(pub))
+        aug = self.cfg.public_aug if aug is None else aug
+        for _ in range(self.cfg.public_epochs if epochs is None else epochs):
+            order = torch.randperm(len(pub), generator=self.public_gen).to(pub.device)
+            stop = len(pub) - (len(pub) % batch if drop_last else 0)
+            for start in range(0, stop, batch):
+                x = normalize(pub[order[start:start + batch]])
+                yield augment(x, aug, self.aug_gen)
+
+    def private_batches(self, client: Client, batch: Optional[int] = None, split: str = "private"):
+        """One epoch of shuffled (normalised images, labels) batches of a client's split."""
+        x, y = client.data.get(split)
+        batch = batch or self.cfg.local_batch
+        order = torch.randperm(len(y), generator=client.generator).to(y.device)
+        for start in range(0, len(y), batch):
+            idx = order[start:start + batch]
+            if len(idx) < 2 and len(y) > 1:  # BatchNorm cannot train on a single sample
+                continue
+            yield normalize(x[idx]), y[idx]
+
+    # ------------------------------------------------------------- training
+    def make_optimizer(self, model: torch.nn.Module, phase: str = "local", params=None):
+        cfg = self.cfg
+        base = cfg.lr if phase == "local" else cfg.public_lr
+        lr = cfg.lr_at(base, self.round - 1 if self.round > 0 else 0)
+        wd = cfg.weight_decay if phase == "local" else 0.0
+        return make_optimizer(params if params is not None else model.parameters(), cfg.optimizer, lr, wd, cfg.momentum)
+
+    def train_local(self, client: Client, loss_fn: Optional[LossFn] = None, epochs: Optional[int] = None,
+                    optimizer=None, split: str = "private") -> float:
+        """``epochs`` epochs of minibatch training on the client's private data; returns mean loss.
+
+        ``loss_fn(client, x, y, step)`` gives the batch loss (default: cross-entropy).
+        """
+        model = client.model
+        model.train()
+        opt = optimizer or self.make_optimizer(model, "local")
+        epochs = self.cfg.local_epochs if epochs is None else epochs
+        total = torch.zeros((), device=self.device)
+        steps = 0
+        for _ in range(epochs):
+            for x, y in self.private_batches(client, split=split):
+                loss = loss_fn(client, x, y, steps) if loss_fn else F.cross_entropy(model(x), y)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                total += loss.detach()
+                steps += 1
+        return float(total / max(steps, 1))
+
+    # ----------------------------------------------------------- evaluation
+    def test_sets(self):
+        return {c.domain: c.data.get("test") for c in self.clients}
+
+    def evaluate(self) -> List[dict]:
+        """Rows (participant, evaluated domain, top1, top5) + summary (intra/inter) per client."""
+        rows = []
+        tests = self.test_sets()
+        ks = (1, 5)
+        for c in self.clients:
+            per_dom = evaluate_domains(c.model, tests, ks, self.cfg.eval_batch)
+            for dom, acc in per_dom.items():
+                rows.append({"participant": c.name, "arch": c.arch, "domain": dom,
+                             "kind": "intra" if dom == c.domain else "inter",
+                             "top1": acc[1], "top5": acc[5]})
+        return rows
+
+
+def summarise(rows: List[dict]) -> Dict[str, float]:
+    """Per-participant intra/inter (Eq. 21-22) and their averages over participants, as flat metrics."""
+    by_part: Dict[str, Dict[str, Dict[int, float]]] = {}
+    own: Dict[str, str] = {}
+    for r in rows:
+        by_part.setdefault(r["participant"], {})[r["domain"]] = {1: r["top1"], 5: r["top5"]}
+        if r["kind"] == "intra":
+            own[r["participant"]] = r["domain"]
+    out: Dict[str, float] = {}
+    for p, dom in by_part.items():
+        for key, val in intra_inter(dom, own[p]).items():
+            out[f"{p}/{key}"] = val
+    for key in ("intra/top1", "intra/top5", "inter/top1", "inter/top5"):
+        vals = [out[f"{p}/{key}"] for p in by_part]
+        out[f"avg/{key}"] = float(np.mean(vals)) if vals else float("nan")
+    return out

@@ -1,0 +1,229 @@
+"""The experiment grid: validate ``params/experiments.yaml``, expand it into jobs, and
+write each job's fully resolved config.
+
+The resolved config of a run (defaults + per-method scenario defaults + YAML
+overrides, with the structure's architectures and every input path) is written to
+``results/configs/<rule>/...yaml`` only when its content changes, and is an input of
+the job, so changing one hyper-parameter re-runs exactly the jobs it affects. The
+same file is the run's MLflow artifact.
+
+Every name (scenario, public set, method or variant, structure) is checked against
+the registries and against ``params/data.yaml`` before any job starts; errors are
+:class:`fedshift.errors.ConfigError` with the key and the valid choices.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Tuple
+
+import yaml
+
+from .config import resolve, to_dict
+from .errors import ConfigError
+
+SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "experiments.schema.yaml"
+
+
+def load_yaml(path: Path) -> dict:
+    path = Path(path)
+    if not path.exists():
+        raise ConfigError(f"missing config file {path}")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def validate_schema(data: Mapping[str, Any], schema_path: Path = SCHEMA, where: str = "experiments") -> None:
+    import jsonschema
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
+    if errors:
+        e = errors[0]
+        key = ".".join(str(p) for p in e.absolute_path) or "(top level)"
+        raise ConfigError(f"{where}: {key}: {e.message}")
+
+
+@dataclass(frozen=True)
+class FederateJob:
+    scenario: str
+    public: str
+    method: str  # label: a method or a variant name
+    structure: str
+    seed: int
+
+    @property
+    def wildcards(self) -> Dict[str, Any]:
+        return {"scenario": self.scenario, "public": self.public, "method": self.method,
+                "structure": self.structure, "seed": self.seed}
+
+    @property
+    def path(self) -> str:
+        return f"{self.scenario}/{self.public}/{self.method}/{self.structure}/seed{self.seed}"
+
+
+@dataclass(frozen=True)
+class PretrainJob:
+    scenario: str
+    participant: str
+    arch: str
+    seed: int
+
+    @property
+    def wildcards(self) -> Dict[str, Any]:
+        return {"scenario": self.scenario, "participant": self.participant, "arch": self.arch, "seed": self.seed}
+
+    @property
+    def path(self) -> str:
+        return f"{self.scenario}/{self.participant}/{self.arch}/seed{self.seed}"
+
+
+@dataclass
+class Plan:
+    federate: Dict[FederateJob, dict] = field(default_factory=dict)  # job -> resolved config
+    pretrain: Dict[PretrainJob, dict] = field(default_factory=dict)
+    report: dict = field(default_factory=dict)
+
+    def federate_config(self, path: str) -> dict:
+        for job, cfg in self.federate.items():
+            if job.path == path:
+                return cfg
+        raise KeyError(path)
+
+
+def _merge(*dicts: Optional[Mapping]) -> dict:
+    out: dict = {}
+    for d in dicts:
+        out.update(d or {})
+    return out
+
+
+def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
+                     results: str = "results", build: str = "build") -> Plan:
+    """Validate the grid and resolve every job; raises ConfigError on the first problem."""
+    from .data import PUBLIC_SETS, SCENARIOS
+    from .engine.config import EngineConfig, PretrainConfig
+    from .methods import METHODS, resolve_method_params
+    from .models.structures import STRUCTURES
+
+    exp = load_yaml(experiments) if not isinstance(experiments, Mapping) else dict(experiments)
+    data = load_yaml(data_params) if not isinstance(data_params, Mapping) else dict(data_params)
+    validate_schema(exp)
+    enabled_scen = data.get("scenarios") or {}
+    enabled_pub = data.get("public") or {}
+    variants = exp.get("variants") or {}
+    for vname, v in variants.items():
+        if vname in METHODS:
+            raise ConfigError(f"variants.{vname}: a variant may not reuse the method name {vname!r}")
+        METHODS.get(v["method"], key=f"variants.{vname}.method")
+    for mname in exp.get("methods") or {}:
+        METHODS.get(mname, key="methods")
+    plan = Plan(report=exp.get("report") or {})
+    for b, block in enumerate(exp["grid"]):
+        where = f"grid[{b}]"
+        for s in block["scenarios"]:
+            spec = SCENARIOS.get(s, key=f"{where}.scenarios")
+            if s not in enabled_scen:
+                raise ConfigError(f"{where}.scenarios: scenario {s!r} is registered but not built: add it under "
+                                  f"`scenarios:` in params/data.yaml (built now: {', '.join(enabled_scen) or 'none'})")
+        for pub in block.get("public", ["none"]):
+            if pub != "none":
+                PUBLIC_SETS.get(pub, key=f"{where}.public")
+                if pub not in enabled_pub:
+                    raise ConfigError(f"{where}.public: public set {pub!r} is registered but not built: add it under "
+                                      f"`public:` in params/data.yaml (built now: {', '.join(enabled_pub) or 'none'})")
+        for st in block["structures"]:
+            STRUCTURES.get(st, key=f"{where}.structures")
+        for m in block["methods"]:
+            if m not in variants:
+                if m not in METHODS:
+                    METHODS.get(m, key=f"{where}.methods")  # raises, listing the valid names
+        for s, pub, m, st, seed in itertools.product(block["scenarios"], block.get("public", ["none"]),
+                                                     block["methods"], block["structures"], block.get("seeds", [0])):
+            job = FederateJob(s, pub, m, st, seed)
+            if job in plan.federate:
+                continue
+            spec = SCENARIOS.get(s)
+            scen_params = resolve(spec.params, enabled_scen.get(s) or {}, f"scenarios.{s}") if spec.params else None
+            participants = list(spec.participants_for(scen_params))
+            structure = STRUCTURES.get(st)
+            archs = structure.assign(len(participants))
+            variant = variants.get(m, {})
+            base_method = variant.get("method", m)
+            cls = METHODS.get(base_method)
+            if cls.requires_homogeneous and len(set(archs)) > 1:
+                raise ConfigError(f"{where}: method {m!r} averages parameters and needs a homogeneous structure, "
+                                  f"but {st!r} assigns {archs}; use a homo_<model> structure")
+            if cls.uses_public and pub == "none":
+                raise ConfigError(f"{where}: method {m!r} needs an unlabeled public set: add `public:` to the block")
+            so = (exp.get("scenario_overrides") or {}).get(s, {})
+            mparams = resolve_method_params(
+                base_method,
+                _merge((exp.get("methods") or {}).get(base_method), (so.get("methods") or {}).get(base_method),
+                       variant.get("params")),
+                s, f"methods.{m}")
+            eng = resolve(EngineConfig, _merge(exp.get("engine"), so.get("engine"), variant.get("engine")),
+                          f"engine ({m} on {s})")
+            pre = resolve(PretrainConfig, _merge(exp.get("pretrain"), so.get("pretrain")), f"pretrain ({s})")
+            pretrained = None
+            for part, arch in zip(participants, archs):
+                pj = PretrainJob(s, part, arch, seed)
+                if pj not in plan.pretrain:
+                    plan.pretrain[pj] = {
+                        "kind": "pretrain", "run_name": f"pretrain/{pj.path}", "scenario": s, "participant": part,
+                        "arch": arch, "seed": seed, "pretrain": to_dict(pre),
+                        "paths": {"partition": f"{build}/partitions/{s}"}, "wildcards": pj.wildcards,
+                    }
+            if getattr(mparams, "init", "scratch") == "base":
+                pretrained = [f"{results}/pretrain/{PretrainJob(s, p, a, seed).path}/model.pt"
+                              for p, a in zip(participants, archs)]
+            plan.federate[job] = {
+                "kind": "federate", "run_name": f"federate/{job.path}", "scenario": s, "public": pub,
+                "method": m, "base_method": base_method, "structure": st, "seed": seed,
+                "participants": participants, "archs": list(archs), "block": block.get("name", f"grid{b}"),
+                "method_params": to_dict(mparams), "engine": to_dict(eng),
+                "paths": {"partition": f"{build}/partitions/{s}",
+                          "public": f"{build}/public/{pub}" if pub != "none" and cls.uses_public else None,
+                          "pretrained": pretrained},
+                "wildcards": job.wildcards,
+            }
+    return plan
+
+
+def dump_config(cfg: dict) -> str:
+    return yaml.safe_dump(cfg, sort_keys=False, default_flow_style=None)
+
+
+def write_if_changed(path: Path, text: str) -> bool:
+    """Write ``text`` to ``path`` (atomically) only when it differs; keeps the mtime otherwise."""
+    from .data.store import atomic_write_text
+
+    path = Path(path)
+    if path.exists() and path.read_text() == text:
+        return False
+    atomic_write_text(path, text)
+    return True
+
+
+def write_configs(plan: Plan, results: str = "results") -> Tuple[Dict[FederateJob, str], Dict[PretrainJob, str]]:
+    """Write every resolved config under ``<results>/configs``; return job -> path."""
+    fed, pre = {}, {}
+    for job, cfg in plan.pretrain.items():
+        p = f"{results}/configs/pretrain/{job.path}.yaml"
+        write_if_changed(Path(p), dump_config(cfg))
+        pre[job] = p
+    for job, cfg in plan.federate.items():
+        p = f"{results}/configs/federate/{job.path}.yaml"
+        write_if_changed(Path(p), dump_config(cfg))
+        fed[job] = p
+    return fed, pre

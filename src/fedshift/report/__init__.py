@@ -1,0 +1,1 @@
+"""Tidy results -> paper-style tables (FCCL+ Tables VIII/IX) and seaborn figures."""

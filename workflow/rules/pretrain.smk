@@ -1,0 +1,18 @@
+# SOLO/BASE: each participant's model trained on its private data alone; the checkpoint
+# is the starting point of methods whose `init` is "base".
+
+
+rule pretrain:
+    input:
+        config="results/configs/pretrain/{scenario}/{participant}/{arch}/seed{seed}.yaml",
+        partition="build/partitions/{scenario}/manifest.json",
+    output:
+        model="results/pretrain/{scenario}/{participant}/{arch}/seed{seed}/model.pt",
+        metrics="results/pretrain/{scenario}/{participant}/{arch}/seed{seed}/metrics.json",
+        rounds="results/pretrain/{scenario}/{participant}/{arch}/seed{seed}/rounds.csv",
+    log:
+        "logs/pretrain/{scenario}/{participant}/{arch}/seed{seed}.log",
+    resources:
+        gpu=0,
+    shell:
+        "fedshift pretrain {input.config} $(dirname {output.model}) > {log} 2>&1"
