@@ -24,6 +24,13 @@ write_if_changed("results/configs/report.yaml", dump_config(PLAN.report))
 SCENARIOS_USED = sorted({j.scenario for j in PLAN.federate})
 PUBLIC_USED = sorted({c["public"] for c in PLAN.federate.values() if c["paths"]["public"]})
 
+# Cheap bookkeeping rules run where Snakemake runs, not as cluster jobs.
+localrules:
+    dvc_repro,
+    collect,
+    report,
+
+
 wildcard_constraints:
     seed=r"\d+",
     scenario=r"[a-z0-9_]+",
@@ -53,3 +60,12 @@ def federate_inputs(wc):
 
 FEDERATE_METRICS = [f"results/federate/{j.path}/metrics.json" for j in PLAN.federate]
 PRETRAIN_METRICS = [f"results/pretrain/{j.path}/metrics.json" for j in PLAN.pretrain]
+
+
+onstart:
+    # Create the MLflow SQLite store (schema migrations) once, before parallel jobs
+    # would race to migrate it.
+    if os.environ.get("FEDSHIFT_TRACKING", "mlflow") != "none":
+        from fedshift.tracking import init_store
+
+        init_store()

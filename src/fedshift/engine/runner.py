@@ -50,6 +50,7 @@ def headline(history: List[Dict[str, float]], last_k: int) -> Dict[str, float]:
 
 
 def _setup_torch(device_spec: str, threads: Optional[int], deterministic: bool = False) -> torch.device:
+    torch.set_flush_denormal(True)  # denormal floats in late training slow CPU kernels by orders of magnitude
     if threads:
         torch.set_num_threads(threads)
     if deterministic:
@@ -147,35 +148,33 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
 
 
 def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, Any]:
-    """Train one participant's model on its private data alone (SOLO/BASE) and save it."""
+    """Train one participant's model on its private data alone (SOLO/BASE) and save it.
+
+    The model is initialised exactly as a federated run with the same seed initialises
+    that participant, so "scratch" and "base" starts differ only by the pretraining.
+    """
+    from dataclasses import replace
+
     from ..tracking import NullTracker
+    from .evaluation import evaluate_domains
 
     tracker = tracker or NullTracker()
     pc = PretrainConfig(**cfg["pretrain"])
     device = _setup_torch(pc.device, pc.threads)
     seed = int(cfg["seed"])
     data = load_federated(Path(cfg["paths"]["partition"]), None, device)
-    names = data.names
-    if cfg["participant"] not in names:
-        raise ConfigError(f"participant {cfg['participant']!r} not in scenario {cfg['scenario']!r}: {names}")
-    idx = names.index(cfg["participant"])
-    # The model is built exactly as a federated run with the same seed builds participant idx,
-    # so "scratch" and "base" starts differ only by the pretraining itself.
-    structure_archs = list(cfg["structure_archs"]) if cfg.get("structure_archs") else [cfg["arch"]] * len(names)
-    structure_archs[idx] = cfg["arch"]
-    model = build_models(structure_archs, data.num_classes, data.image_shape[0], pc.norm, seed)[idx]
+    if cfg["participant"] not in data.names:
+        raise ConfigError(f"participant {cfg['participant']!r} not in scenario {cfg['scenario']!r}: {data.names}")
+    idx = data.names.index(cfg["participant"])
+    model = build_models([cfg["arch"]] * (idx + 1), data.num_classes, data.image_shape[0], pc.norm, seed)[idx]
     eng = EngineConfig(rounds=pc.epochs, local_epochs=1, local_batch=pc.batch, optimizer=pc.optimizer, lr=pc.lr,
                        weight_decay=pc.weight_decay, momentum=pc.momentum, norm=pc.norm, eval_batch=pc.eval_batch,
                        device=pc.device, last_k=1)
-    fed = Federation(data, [model], [cfg["arch"]], eng, seed, device)
-    fed.clients = [c for c in fed.clients]  # one participant, but evaluated on every domain:
+    own = replace(data, clients=[data.clients[idx]])
+    fed = Federation(own, [model], [cfg["arch"]], eng, seed, device)
     client = fed.clients[0]
-    client.data = data.clients[idx]
-    client.name, client.domain = data.clients[idx].name, data.clients[idx].domain
-    tests = {c.domain: c.get("test") for c in data.clients}
-    from .evaluation import evaluate_domains
-
-    opt = fed.make_optimizer(model, "local")  # one optimiser over all epochs (plain supervised training)
+    tests = {c.domain: c.get("test") for c in data.clients}  # evaluated on every domain
+    opt = fed.make_optimizer(model, "local")  # one optimiser over all epochs: plain supervised training
     prog = _Progress(cfg["run_name"], pc.epochs)
     rows, history = [], []
     for ep in range(1, pc.epochs + 1):

@@ -1,0 +1,83 @@
+"""Typed config resolution and grid validation errors (names, keys, types)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional, Tuple
+
+import pytest
+
+from fedshift.config import flatten, resolve
+from fedshift.errors import ConfigError
+from fedshift.experiments import load_experiments
+
+DATA = {"scenarios": {"rotmnist": {}}, "public": {"photo_patches": {}}}
+
+
+@dataclass(frozen=True)
+class P:
+    a: int = 1
+    b: float = 0.5
+    mode: Literal["x", "y"] = "x"
+    ks: Tuple[int, ...] = (1, 5)
+    opt: Optional[int] = None
+
+
+def test_resolve_defaults_and_coercion():
+    p = resolve(P, {"b": 2, "ks": [1, 2, 3], "opt": 4}, "w")
+    assert p == P(a=1, b=2.0, ks=(1, 2, 3), opt=4) and isinstance(p.b, float)
+
+
+@pytest.mark.parametrize("override,msg", [
+    ({"c": 1}, r"w.c: unknown key; valid keys: a, b, ks, mode, opt"),
+    ({"a": 1.5}, r"w.a: expected int, got 1.5"),
+    ({"a": True}, r"w.a: expected int"),
+    ({"mode": "z"}, r"w.mode: invalid value 'z'; valid: 'x', 'y'"),
+    ({"ks": [1, "two"]}, r"w.ks\[1\]: expected int"),
+])
+def test_resolve_errors_name_key_and_valid_values(override, msg):
+    with pytest.raises(ConfigError, match=msg):
+        resolve(P, override, "w")
+
+
+def test_flatten():
+    assert flatten({"a": {"b": 1, "c": {"d": 2}}, "e": []}) == {"a.b": 1, "a.c.d": 2, "e": []}
+
+
+def grid(**block):
+    base = {"scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": ["fccl_plus"], "structures": ["demo_mixed"]}
+    base.update(block)
+    return {"grid": [base]}
+
+
+@pytest.mark.parametrize("exp,msg", [
+    (grid(methods=["fedavg"]), "needs a homogeneous structure"),
+    (grid(structures=["nope"]), "unknown structure 'nope'"),
+    (grid(public=["cifar1000"]), "unknown public set 'cifar1000'"),
+    (grid(scenarios=["rotmnist_full"]), "not built: add it under `scenarios:` in params/data.yaml"),
+    ({**grid(), "engine": {"rounds": "many"}}, r"engine \(fccl_plus on rotmnist\).rounds: expected int"),
+    ({**grid(), "methods": {"fccl_plus": {"tua": 3}}}, r"methods.fccl_plus.tua: unknown key.*tau"),
+    ({**grid(), "variants": {"x": {"method": "fcl"}}}, r"variants.x.method: unknown method 'fcl'"),
+    (grid(public=None), "needs an unlabeled public set"),
+    ({**grid(), "enginee": {}}, r"Additional properties are not allowed \('enginee' was unexpected\)"),
+])
+def test_grid_errors(exp, msg):
+    if exp["grid"][0].get("public", 1) is None:
+        del exp["grid"][0]["public"]
+    with pytest.raises(ConfigError, match=msg):
+        load_experiments(exp, DATA)
+
+
+def test_grid_resolves_variants_and_scenario_overrides():
+    exp = grid(methods=["fccl_plus", "no-fisl"])
+    exp["variants"] = {"no-fisl": {"method": "fccl_plus", "params": {"fisl": False}}}
+    exp["scenario_overrides"] = {"rotmnist": {"engine": {"rounds": 7}, "methods": {"fccl_plus": {"omega": 2.0}}}}
+    plan = load_experiments(exp, DATA)
+    cfgs = {j.method: c for j, c in plan.federate.items()}
+    assert cfgs["no-fisl"]["method_params"]["fisl"] is False
+    assert cfgs["no-fisl"]["method_params"]["omega"] == 2.0
+    assert cfgs["fccl_plus"]["engine"]["rounds"] == 7
+    assert cfgs["fccl_plus"]["archs"] == ["lenet", "simple_cnn", "lenet", "simple_cnn"]
+    # fccl_plus starts from BASE checkpoints: one pretrain job per participant/arch
+    assert len(plan.pretrain) == 4
+    assert cfgs["fccl_plus"]["paths"]["pretrained"][1] == "results/pretrain/rotmnist/m20/simple_cnn/seed0/model.pt"

@@ -1,0 +1,162 @@
+"""The real workflow end to end on a tiny grid: dvc repro -> snakemake -> MLflow -> report.
+
+Runs the actual `dvc` and `snakemake` commands in a scratch copy of the pipeline files
+(dvc.yaml, params/, workflow/) with a tiny data and experiment config, then checks the
+collected table, the report, the MLflow store and that both tools find nothing to do
+afterwards.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import yaml
+
+from conftest import REPO
+
+pytestmark = pytest.mark.slow
+
+BIN = Path(sys.executable).parent
+
+TINY_DATA = {
+    "mirror": None,
+    "datasets": ["mnist5k", "photo_patches"],
+    "dataset_params": {"photo_patches": {"n": 400, "size": 32, "seed": 0}},
+    "public": {"photo_patches": {"n": 256, "seed": 0}},
+    "scenarios": {"rotmnist": {"source": "mnist5k", "per_class": 20, "alpha": 0.1, "val": 0.1, "test": 0.25, "seed": 0}},
+}
+
+TINY_GRID = {
+    "engine": {"rounds": 3, "local_epochs": 1, "local_batch": 32, "public_batch": 128, "device": "cpu", "threads": 1},
+    "pretrain": {"epochs": 2, "batch": 32, "eval_every": 1, "device": "cpu", "threads": 1},
+    "grid": [{"name": "tiny", "scenarios": ["rotmnist"], "public": ["photo_patches"],
+              "methods": ["base", "fedavg", "fedmd", "fccl_plus"], "structures": ["homo_lenet"], "seeds": [0]}],
+    "report": {"title": "tiny"},
+}
+
+
+def run(cmd, cwd, check=True, timeout=900):
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", MLFLOW_DISABLE_TELEMETRY="true")
+    env.pop("FEDSHIFT_TRACKING", None)  # the workflow test uses the real MLflow store
+    env.pop("MLFLOW_TRACKING_URI", None)
+    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout, shell=True)
+    if check and res.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}")
+    return res
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory):
+    root = tmp_path_factory.mktemp("project")
+    for name in ("dvc.yaml", ".dvcignore"):
+        shutil.copy(REPO / name, root / name)
+    shutil.copytree(REPO / "workflow", root / "workflow", ignore=shutil.ignore_patterns(".snakemake"))
+    (root / "params").mkdir()
+    (root / "params/data.yaml").write_text(yaml.safe_dump(TINY_DATA))
+    (root / "params/experiments.yaml").write_text(yaml.safe_dump(TINY_GRID))
+    # dvc.yaml depends on src/fedshift/data: link the package source in.
+    (root / "src").mkdir()
+    os.symlink(REPO / "src/fedshift", root / "src/fedshift")
+    (root / "data").mkdir()
+    run("git init -q . && dvc init -q && dvc config core.analytics false", root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def ran(project):
+    first = run("dvc repro", project)
+    wf = run("snakemake --cores 2", project)
+    return project, first, wf
+
+
+def test_runs_csv_has_every_method(ran):
+    root, _, _ = ran
+    df = pd.read_csv(root / "results/collect/runs.csv")
+    assert set(df["method"]) == {"base", "fedavg", "fedmd", "fccl_plus"}
+    assert {"method", "top1", "top5", "scenario", "public", "structure", "seed", "round", "participant", "domain"} <= set(df.columns)
+    # 4 participants x 4 evaluated domains x (round 0..3) per method
+    assert (df.groupby("method").size() == 4 * 4 * 4).all()
+    assert df["top1"].between(0, 1).all() and (df["top5"] >= df["top1"]).all()
+    last = df[df["round"] == 3]
+    assert last.groupby("method")["top1"].mean().min() > 0.15  # better than chance (0.1) after 3 rounds
+
+
+def test_report_table_and_figures(ran):
+    root, _, _ = ran
+    rep = root / "results/report"
+    tables = sorted(p.name for p in rep.glob("table_*.csv"))
+    assert tables == ["table_inter__rotmnist__photo_patches__homo_lenet.csv",
+                      "table_intra__rotmnist__photo_patches__homo_lenet.csv"]
+    t = pd.read_csv(rep / tables[0], index_col=0)
+    assert set(t.index) == {"base", "fedavg", "fedmd", "fccl_plus"}
+    assert list(t.columns) == ["m0→", "m20→", "m40→", "m60→", "AVG→", "seeds"]
+    # AVG is the mean of the participants' columns
+    assert (t[["m0→", "m20→", "m40→", "m60→"]].mean(axis=1) - t["AVG→"]).abs().max() < 0.011
+    png = rep / "curves__rotmnist__photo_patches__homo_lenet.png"
+    assert png.stat().st_size > 10_000 and png.read_bytes()[:4] == b"\x89PNG"
+    assert "| fccl_plus |" in (rep / "report.md").read_text()
+
+
+def test_mlflow_holds_every_run_with_metrics_and_artifacts(ran):
+    root, _, _ = ran
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("rotmnist")
+    runs = client.search_runs([exp.experiment_id], max_results=100)
+    names = sorted(r.info.run_name for r in runs)
+    assert len([n for n in names if n.startswith("federate/")]) == 4
+    assert len([n for n in names if n.startswith("pretrain/")]) == 4
+    fed = next(r for r in runs if r.info.run_name == "federate/rotmnist/photo_patches/fccl_plus/homo_lenet/seed0")
+    assert fed.info.status == "FINISHED"
+    assert fed.data.params["method_params.omega"] == "3.0"
+    assert fed.data.tags["wildcard.method"] == "fccl_plus" and fed.data.tags["git.commit"]
+    assert any(k.startswith("data.partition/rotmnist") for k in fed.data.tags)
+    hist = client.get_metric_history(fed.info.run_id, "avg/inter/top1")
+    assert sorted(m.step for m in hist) == [0, 1, 2, 3]
+    assert len(client.get_metric_history(fed.info.run_id, "m20/intra/top5")) == 4
+    arts = {a.path for a in client.list_artifacts(fed.info.run_id)}
+    assert {"config.yaml", "metrics.json", "rounds.csv"} <= arts
+    rep = client.get_experiment_by_name("report")
+    assert client.search_runs([rep.experiment_id])
+
+
+def test_nothing_left_to_do(ran):
+    root, _, _ = ran
+    dry = run("snakemake -n --cores 1", root)
+    assert "Nothing to be done" in dry.stdout + dry.stderr
+    status = run("dvc status", root)
+    assert "up to date" in status.stdout
+
+
+def test_hyperparameter_change_reruns_only_affected_jobs(ran):
+    root, _, _ = ran
+    grid = yaml.safe_load((root / "params/experiments.yaml").read_text())
+    grid["methods"] = {"fccl_plus": {"omega": 1.0}}
+    (root / "params/experiments.yaml").write_text(yaml.safe_dump(grid))
+    try:
+        dry = run("snakemake -n --cores 1", root).stdout
+        jobs = [l.split()[1] for l in dry.splitlines() if l.startswith("rule ")]
+        assert sorted(jobs) == ["all", "collect", "federate", "report"]
+        assert "fccl_plus" in dry and "fedmd/homo_lenet" not in dry
+    finally:
+        grid.pop("methods")
+        (root / "params/experiments.yaml").write_text(yaml.safe_dump(grid))
+
+
+def test_bad_names_fail_before_any_job(project):
+    bad = dict(TINY_GRID, grid=[dict(TINY_GRID["grid"][0], methods=["fccl_plsu"])])
+    (project / "bad.yaml").write_text(yaml.safe_dump(bad))
+    res = run("snakemake -n --cores 1 --configfile bad.yaml", project, check=False)
+    assert res.returncode != 0
+    assert "unknown method 'fccl_plsu'" in res.stderr and "fccl_plus" in res.stderr
+    bad = dict(TINY_GRID, engine={"rounds": 2, "lokal_epochs": 1})
+    (project / "bad.yaml").write_text(yaml.safe_dump(bad))
+    res = run("snakemake -n --cores 1 --configfile bad.yaml", project, check=False)
+    assert "engine.lokal_epochs: unknown key" in res.stderr and "local_epochs" in res.stderr
