@@ -160,3 +160,8 @@ def test_bad_names_fail_before_any_job(project):
     (project / "bad.yaml").write_text(yaml.safe_dump(bad))
     res = run("snakemake -n --cores 1 --configfile bad.yaml", project, check=False)
     assert "engine.lokal_epochs: unknown key" in res.stderr and "local_epochs" in res.stderr
+
+
+def test_lint_is_clean():
+    res = run("snakemake --lint", REPO)
+    assert "Congratulations, your workflow is in a good condition!" in res.stdout + res.stderr

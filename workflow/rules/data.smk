@@ -8,6 +8,8 @@ rule dvc_repro:
     output:
         expand("build/partitions/{scenario}/manifest.json", scenario=SCENARIOS_USED),
         expand("build/public/{public}/manifest.json", public=PUBLIC_USED),
+    conda:
+        "../../environment.yml"
     log:
         "logs/dvc_repro.log",
     shell:

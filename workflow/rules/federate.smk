@@ -7,6 +7,8 @@ rule federate:
     output:
         metrics="results/federate/{scenario}/{public}/{method}/{structure}/seed{seed}/metrics.json",
         rounds="results/federate/{scenario}/{public}/{method}/{structure}/seed{seed}/rounds.csv",
+    conda:
+        "../../environment.yml"
     log:
         "logs/federate/{scenario}/{public}/{method}/{structure}/seed{seed}.log",
     resources:

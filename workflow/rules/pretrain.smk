@@ -10,6 +10,8 @@ rule pretrain:
         model="results/pretrain/{scenario}/{participant}/{arch}/seed{seed}/model.pt",
         metrics="results/pretrain/{scenario}/{participant}/{arch}/seed{seed}/metrics.json",
         rounds="results/pretrain/{scenario}/{participant}/{arch}/seed{seed}/rounds.csv",
+    conda:
+        "../../environment.yml"
     log:
         "logs/pretrain/{scenario}/{participant}/{arch}/seed{seed}.log",
     resources:

@@ -6,6 +6,8 @@ rule collect:
         FEDERATE_METRICS,
     output:
         "results/collect/runs.csv",
+    conda:
+        "../../environment.yml"
     log:
         "logs/collect.log",
     params:
@@ -20,6 +22,8 @@ rule report:
         config="results/configs/report.yaml",
     output:
         directory("results/report"),
+    conda:
+        "../../environment.yml"
     log:
         "logs/report.log",
     shell:
