@@ -11,7 +11,7 @@ from fedshift.config import flatten, resolve
 from fedshift.errors import ConfigError
 from fedshift.experiments import load_experiments
 
-DATA = {"scenarios": {"rotmnist": {}}, "public": {"photo_patches": {}}}
+DATA = {"scenarios": {"rotmnist": {}, "digits_offline": {}}, "public": {"photo_patches": {}, "uci_digits": {}}}
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,7 @@ def grid(**block):
     ({**grid(), "methods": {"fccl_plus": {"tua": 3}}}, r"methods.fccl_plus.tua: unknown key.*tau"),
     ({**grid(), "variants": {"x": {"method": "fcl"}}}, r"variants.x.method: unknown method 'fcl'"),
     (grid(public=None), "needs an unlabeled public set"),
+    (grid(scenarios=["digits_offline"], public=["uci_digits"]), "public set 'uci_digits' samples dataset 'uci_digits'"),
     ({**grid(), "enginee": {}}, r"Additional properties are not allowed \('enginee' was unexpected\)"),
 ])
 def test_grid_errors(exp, msg):
@@ -66,6 +67,13 @@ def test_grid_errors(exp, msg):
         del exp["grid"][0]["public"]
     with pytest.raises(ConfigError, match=msg):
         load_experiments(exp, DATA)
+
+
+def test_texture_only_public_set_may_share_a_source():
+    # digits_offline blends MNIST digits with photo patches (MNIST-M recipe); the unlabeled
+    # photo_patches public set holds no digit, so the pairing is allowed.
+    plan = load_experiments(grid(scenarios=["digits_offline"], structures=["homo_lenet"]), DATA)
+    assert len(plan.federate) == 1
 
 
 def test_grid_resolves_variants_and_scenario_overrides():

@@ -111,7 +111,7 @@ def _merge(*dicts: Optional[Mapping]) -> dict:
 def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                      results: str = "results", build: str = "build") -> Plan:
     """Validate the grid and resolve every job; raises ConfigError on the first problem."""
-    from .data import PUBLIC_SETS, SCENARIOS
+    from .data import DATASETS, PUBLIC_SETS, SCENARIOS
     from .engine.config import EngineConfig, PretrainConfig
     from .methods import METHODS, resolve_method_params
     from .models.structures import STRUCTURES
@@ -156,6 +156,15 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
             spec = SCENARIOS.get(s)
             scen_params = resolve(spec.params, enabled_scen.get(s) or {}, f"scenarios.{s}") if spec.params else None
             participants = list(spec.participants_for(scen_params))
+            if pub != "none":
+                # A labeled dataset both partitioned (private/test) and sampled as public data could
+                # put test images into training; unlabeled texture sources (photo_patches) cannot.
+                pub_src = PUBLIC_SETS.get(pub).dataset
+                if pub_src in spec.datasets_for(scen_params) and DATASETS.get(pub_src).num_classes > 0:
+                    raise ConfigError(
+                        f"{where}: public set {pub!r} samples dataset {pub_src!r}, which scenario {s!r} also "
+                        "partitions into private/test data: test images could leak into training; pick another "
+                        f"public set ({', '.join(n for n in enabled_pub if n != pub) or 'none built'})")
             structure = STRUCTURES.get(st)
             archs = structure.assign(len(participants))
             variant = variants.get(m, {})
@@ -185,6 +194,9 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                         "paths": {"partition": f"{build}/partitions/{s}"}, "wildcards": pj.wildcards,
                     }
             if getattr(mparams, "init", "scratch") == "base":
+                if eng.norm != pre.norm:
+                    raise ConfigError(f"{where}: method {m!r} starts from BASE checkpoints, but engine.norm "
+                                      f"({eng.norm!r}) differs from pretrain.norm ({pre.norm!r}); make them equal")
                 pretrained = [f"{results}/pretrain/{PretrainJob(s, p, a, seed).path}/model.pt"
                               for p, a in zip(participants, archs)]
             plan.federate[job] = {

@@ -24,7 +24,7 @@ class EngineConfig:
     momentum: float = 0.9  # SGD only
     lr_decay: bool = False  # authors' code decays both rates as lr * (1 - 0.9 t / T); off = paper
     public_aug: Literal["none", "weak", "strong"] = "weak"  # FCCL+ § 4.1 / Table XIII recipes
-    norm: Literal["batch", "group"] = "batch"  # normalisation layers of every model
+    norm: Literal["default", "batch", "group", "none"] = "default"  # "default": each model's own (papers' choice)
     eval_every: int = 1  # evaluate every k rounds (the last round always)
     eval_batch: int = 2048  # evaluation batch; evaluation is vectorised over all test sets
     last_k: int = 3  # headline = mean of the last 3 evaluated rounds (FCCL+ tables)
@@ -54,7 +54,7 @@ class PretrainConfig:
     lr: float = 1e-3
     weight_decay: float = 1e-5
     momentum: float = 0.9
-    norm: Literal["batch", "group"] = "batch"
+    norm: Literal["default", "batch", "group", "none"] = "default"  # must match the federated runs using the checkpoint
     eval_every: int = 5  # evaluate on every domain's test set every k epochs (and the last)
     eval_batch: int = 2048
     device: str = "auto"

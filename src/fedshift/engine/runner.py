@@ -63,7 +63,8 @@ def build_models(archs: List[str], num_classes: int, in_channels: int, norm: str
     models = []
     for arch, s in zip(archs, seeds):
         torch.manual_seed(s)
-        models.append(create_model(arch, num_classes=num_classes, in_channels=in_channels, norm=norm))
+        kwargs = {} if norm == "default" else {"norm": norm}
+        models.append(create_model(arch, num_classes=num_classes, in_channels=in_channels, **kwargs))
     return models
 
 

@@ -1,3 +1,7 @@
 """Scenario builders; importing this package registers every scenario."""
 
 from . import rotmnist  # noqa: F401
+from . import fccl  # noqa: F401
+from . import fedh2l  # noqa: F401
+from . import fedmmd  # noqa: F401
+from . import digits_offline  # noqa: F401
