@@ -1,0 +1,120 @@
+"""EfficientNet-B0 for 32x32 inputs (Tan & Le, ICML 2019), the SVHN participant of FCCL+.
+
+The CIFAR variant the FCCL+ authors use (kuangliu/pytorch-cifar style): B0's seven
+MBConv stages (expansion, channels, repeats, kernel, stride) with the stem at stride 1
+and the second stage at stride 1 instead of 2, so 32x32 ends at 4x4; squeeze-and-
+excitation with ``in_channels // 4`` units, SiLU ("swish"), stochastic depth rising to
+0.2 over the blocks, dropout 0.2 before the classifier. Like that variant it has no
+final 1x1 conv to 1280 channels: the classifier reads the 320-channel map directly.
+Own implementation, not torchvision's: torchvision's stem is stride 2 and fixed to 3
+input channels, and its B0 carries the 1280-channel head.
+"""
+
+from __future__ import annotations
+
+from typing import List
+
+import torch
+from torch import nn
+
+from .base import MODELS, FedModel, make_norm
+
+# (expansion, out_channels, repeats, kernel, stride): B0, CIFAR strides.
+B0_STAGES = (
+    (1, 16, 1, 3, 1),
+    (6, 24, 2, 3, 1),  # stride 2 in the ImageNet B0
+    (6, 40, 2, 5, 2),
+    (6, 80, 3, 3, 2),
+    (6, 112, 3, 5, 1),
+    (6, 192, 4, 5, 2),
+    (6, 320, 1, 3, 1),
+)
+
+
+def drop_path(x: torch.Tensor, p: float, training: bool) -> torch.Tensor:
+    """Stochastic depth: drop whole samples of a residual branch with probability ``p``."""
+    if not training or p == 0.0:
+        return x
+    keep = 1.0 - p
+    mask = x.new_empty((x.shape[0], 1, 1, 1)).bernoulli_(keep).div_(keep)
+    return x * mask
+
+
+class SqueezeExcite(nn.Module):
+    """Channel gates from the globally pooled map: C -> r -> C, SiLU then sigmoid."""
+
+    def __init__(self, channels: int, reduced: int):
+        super().__init__()
+        self.fc1 = nn.Conv2d(channels, reduced, 1)
+        self.fc2 = nn.Conv2d(reduced, channels, 1)
+        self.act = nn.SiLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        s = x.mean((2, 3), keepdim=True)
+        return x * torch.sigmoid(self.fc2(self.act(self.fc1(s))))
+
+
+class MBConv(nn.Module):
+    """Inverted residual: 1x1 expand (skipped at expansion 1), kxk depthwise, SE, 1x1 project."""
+
+    def __init__(self, cin: int, cout: int, expansion: int, kernel: int, stride: int, norm: str, drop: float):
+        super().__init__()
+        mid = cin * expansion
+        bias = norm == "none"
+        layers: List[nn.Module] = []
+        if expansion != 1:
+            layers += [nn.Conv2d(cin, mid, 1, bias=bias), make_norm(norm, mid), nn.SiLU(inplace=True)]
+        layers += [
+            nn.Conv2d(mid, mid, kernel, stride=stride, padding=kernel // 2, groups=mid, bias=bias),
+            make_norm(norm, mid),
+            nn.SiLU(inplace=True),
+            SqueezeExcite(mid, max(1, cin // 4)),
+            nn.Conv2d(mid, cout, 1, bias=bias),
+            make_norm(norm, cout),
+        ]
+        self.block = nn.Sequential(*layers)
+        self.residual = stride == 1 and cin == cout
+        self.drop = drop
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = self.block(x)
+        if self.residual:
+            out = drop_path(out, self.drop, self.training)
+            out += x  # in place: ``out`` is a fresh tensor (norm output or masked copy)
+        return out
+
+
+@MODELS.register("efficientnet_b0")
+class EfficientNetB0(FedModel):
+    """EfficientNet-B0, CIFAR variant (Tan & Le, EfficientNet, ICML 2019)."""
+
+    input_sizes = (28, 32)
+
+    def __init__(
+        self,
+        num_classes: int = 10,
+        in_channels: int = 3,
+        norm: str = "batch",
+        dropout: float = 0.2,  # B0's classifier dropout
+        drop_path: float = 0.2,  # B0's stochastic depth, scaled linearly over the blocks
+    ):
+        super().__init__()
+        self.num_classes = num_classes
+        bias = norm == "none"
+        layers: List[nn.Module] = [
+            nn.Conv2d(in_channels, 32, 3, padding=1, bias=bias), make_norm(norm, 32), nn.SiLU(inplace=True)
+        ]
+        total = sum(s[2] for s in B0_STAGES)
+        cin, b = 32, 0
+        for expansion, cout, repeats, kernel, stride in B0_STAGES:
+            for j in range(repeats):
+                layers.append(
+                    MBConv(cin, cout, expansion, kernel, stride if j == 0 else 1, norm, drop_path * b / total)
+                )
+                cin, b = cout, b + 1
+        self.body = nn.Sequential(*layers)
+        self.feature_dim = cin
+        self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(cin, num_classes))
+
+    def feature_map(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
