@@ -12,6 +12,12 @@ os.environ.setdefault("FEDSHIFT_TRACKING", "none")
 
 REPO = Path(__file__).resolve().parents[1]
 
+# One intra-op thread: on a 2-core machine, torch's default pool oversubscribes the CPU
+# when pytest and workflow subprocesses run side by side (several times slower).
+import torch  # noqa: E402
+
+torch.set_num_threads(1)
+
 
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):

@@ -59,6 +59,8 @@ def grid(**block):
     ({**grid(), "methods": {"fccl_plus": {"tua": 3}}}, r"methods.fccl_plus.tua: unknown key.*tau"),
     ({**grid(), "variants": {"x": {"method": "fcl"}}}, r"variants.x.method: unknown method 'fcl'"),
     (grid(public=None), "needs an unlabeled public set"),
+    ({**grid(), "methods": {"fccl_plus": {"homogeneous_averaging": "before_local"}}}, "averages parameters, but 'demo_mixed'"),
+    ({**grid(methods=["fccl"]), "pretrain": {"norm": "batch"}}, r"engine.norm \('default'\) differs from pretrain.norm"),
     (grid(scenarios=["digits_offline"], public=["uci_digits"]), "public set 'uci_digits' samples dataset 'uci_digits'"),
     ({**grid(), "enginee": {}}, r"Additional properties are not allowed \('enginee' was unexpected\)"),
 ])
@@ -77,7 +79,7 @@ def test_texture_only_public_set_may_share_a_source():
 
 
 def test_grid_resolves_variants_and_scenario_overrides():
-    exp = grid(methods=["fccl_plus", "no-fisl"])
+    exp = grid(methods=["fccl_plus", "no-fisl", "fccl"])
     exp["variants"] = {"no-fisl": {"method": "fccl_plus", "params": {"fisl": False}}}
     exp["scenario_overrides"] = {"rotmnist": {"engine": {"rounds": 7}, "methods": {"fccl_plus": {"omega": 2.0}}}}
     plan = load_experiments(exp, DATA)
@@ -86,6 +88,8 @@ def test_grid_resolves_variants_and_scenario_overrides():
     assert cfgs["no-fisl"]["method_params"]["omega"] == 2.0
     assert cfgs["fccl_plus"]["engine"]["rounds"] == 7
     assert cfgs["fccl_plus"]["archs"] == ["lenet", "simple_cnn", "lenet", "simple_cnn"]
-    # fccl_plus starts from BASE checkpoints: one pretrain job per participant/arch
+    # fccl starts from BASE checkpoints (shared: one pretrain job per participant/arch);
+    # fccl_plus from scratch, as the FCCL+ code
     assert len(plan.pretrain) == 4
-    assert cfgs["fccl_plus"]["paths"]["pretrained"][1] == "results/pretrain/rotmnist/m20/simple_cnn/seed0/model.pt"
+    assert cfgs["fccl"]["paths"]["pretrained"][1] == "results/pretrain/rotmnist/m20/simple_cnn/seed0/model.pt"
+    assert cfgs["fccl_plus"]["paths"]["pretrained"] is None

@@ -14,7 +14,7 @@ from fedshift.experiments import load_experiments
 DATA = {"scenarios": {"rotmnist": {}}, "public": {"photo_patches": {}}}
 
 
-def _configs(root, method="fccl_plus", structure="demo_mixed", **engine):
+def _configs(root, method="fccl", structure="demo_mixed", **engine):
     exp = {"engine": {"rounds": 2, "local_epochs": 1, "local_batch": 32, "public_batch": 64, "device": "cpu", **engine},
            "pretrain": {"epochs": 1, "batch": 32, "device": "cpu"},
            "grid": [{"scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": [method], "structures": [structure]}]}

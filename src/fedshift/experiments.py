@@ -181,6 +181,9 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                 _merge((exp.get("methods") or {}).get(base_method), (so.get("methods") or {}).get(base_method),
                        variant.get("params")),
                 s, f"methods.{m}")
+            if getattr(mparams, "homogeneous_averaging", "auto") in ("before_local", "after_local") and len(set(archs)) > 1:
+                raise ConfigError(f"methods.{m}.homogeneous_averaging: {mparams.homogeneous_averaging!r} averages "
+                                  f"parameters, but {st!r} assigns {archs}; use 'auto' or 'none', or a homo_<model> structure")
             eng = resolve(EngineConfig, _merge(exp.get("engine"), so.get("engine"), variant.get("engine")),
                           f"engine ({m} on {s})")
             pre = resolve(PretrainConfig, _merge(exp.get("pretrain"), so.get("pretrain")), f"pretrain ({s})")

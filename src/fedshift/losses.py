@@ -61,8 +61,11 @@ def _kl_batchmean(teacher_log_probs: Tensor, student_log_probs: Tensor) -> Tenso
 
 def _non_target(x: Tensor, labels: Tensor) -> Tensor:
     """(B, C) -> (B, C-1): drop column ``labels[b]`` of row b, other columns in order."""
-    keep = torch.ones_like(x, dtype=torch.bool).scatter(1, labels.view(-1, 1), False)
-    return x[keep].view(x.shape[0], x.shape[1] - 1)
+    # gather instead of boolean-mask indexing: no data-dependent shape, so no host sync on CUDA.
+    c = x.shape[1]
+    cols = torch.arange(c - 1, device=x.device).expand(x.shape[0], c - 1)
+    cols = cols + (cols >= labels.view(-1, 1)).long()
+    return x.gather(1, cols)
 
 
 def _as_list(params: Params, ref_keys: List[str] | None = None) -> Tuple[List[Tensor], List[str] | None]:
@@ -127,9 +130,10 @@ def fccm_loss(logits: Tensor, target_logits: Tensor, lam: float, eps: float = 0.
     if logits.shape[1:] != target_logits.shape[1:]:
         raise ValueError(f"fccm_loss: class dims differ: {tuple(logits.shape)} vs {tuple(target_logits.shape)}")
     m = cross_correlation(logits, target_logits, eps=eps)
-    off = ~torch.eye(m.shape[0], dtype=torch.bool, device=m.device)
-    on_diag = (1.0 - torch.diagonal(m)).pow(2).sum()
-    off_diag = (1.0 + m[off]).pow(2).sum()
+    diag = torch.diagonal(m)
+    on_diag = (1.0 - diag).pow(2).sum()
+    # All entries minus the diagonal's (no boolean mask: sync-free on CUDA).
+    off_diag = (1.0 + m).pow(2).sum() - (1.0 + diag).pow(2).sum()
     return on_diag + lam * off_diag
 
 
@@ -147,8 +151,9 @@ def instance_similarity(features: Tensor, mu: float) -> Tensor:
     h = F.normalize(features, p=2, dim=1)
     sim = h @ h.transpose(0, 1) / mu
     batch = sim.shape[0]
-    off = ~torch.eye(batch, dtype=torch.bool, device=sim.device)
-    return sim[off].view(batch, batch - 1)
+    # Drop the diagonal by reshaping: after the first element, the flattened matrix is
+    # (B-1) rows of [B off-diagonal entries + 1 diagonal entry] (no host sync on CUDA).
+    return sim.flatten()[1:].view(batch - 1, batch + 1)[:, :-1].reshape(batch, batch - 1)
 
 
 def fisl_loss(sim: Tensor, target_sim: Tensor) -> Tensor:

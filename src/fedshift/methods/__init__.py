@@ -1,4 +1,4 @@
 """Federated methods, one file each; importing this package registers them all."""
 
 from .base import METHODS, Method, create_method, resolve_method_params  # noqa: F401
-from . import fedavg, fedmd, fccl_plus  # noqa: F401
+from . import fedavg, fedmd, fccl, fccl_plus, feddf  # noqa: F401

@@ -1,0 +1,332 @@
+"""FCCL (Huang, Ye & Du, "Learn from Others and Be Yourself in Heterogeneous Federated
+Learning", CVPR 2022; ``papers/fccl-cvpr2022.txt``), and the machinery FCCL+ builds on.
+
+Collaborative updating (§ 3.1, Alg. 1): on every unlabeled public batch each
+participant computes its logits Z_i; the target Z̄ is an average of detached logits
+and each participant minimises the cross-correlation loss of Eq. 1-2 (``lam`` =
+lambda_Col = 0.0051), with one Adam step per batch.
+
+Local updating (§ 3.2, Eq. 3-7): ``CE + lambda_loc * (KL(theta^{t-1}) + KL(theta^*))``
+on the private data: the inter-domain teacher is the participant's model at the end
+of the previous round's local updating, the intra-domain teacher its pretrained
+(SOLO/BASE) model, both at temperature 1 and without T² (the authors' code).
+
+What was kept, and where the authors' code and the paper differ (switches):
+
+* ``target``: the CVPR code's FCCM target for participant i is the mean of the
+  *other* participants' current logits and of i's own logits from its
+  previous-round model (eval mode, no gradient): ``others_prev``, the default here.
+  The paper's Eq. 1 text and the FCCL+ code use the mean of all participants'
+  current logits including i (``all``); ``others`` drops i altogether.
+* ``init``: FCCL starts from the BASE models (the CVPR code loads them; they are also
+  the intra-domain teachers), while the authors' baselines start from scratch. The
+  runner loads the checkpoints before :meth:`FCCL.setup`, which snapshots them as
+  theta^*.
+* ``fresh_optimizer``: the authors build a new Adam for every participant and
+  public batch (its moments restart at zero each step); ``False`` keeps one per
+  participant for the whole run.
+* Homogeneous mode (CVPR Table 3): everyone starts from participant 0's weights,
+  parameters are averaged after local updating, uniformly, and the local models are
+  saved as next round's teachers *before* the averaging (the authors' code); see
+  :mod:`fedshift.methods.homogeneous`.
+* One forward pass per participant and batch serves both the target (detached) and
+  the participant's loss: the targets are fixed before any update, so this equals
+  the authors' compute-all-then-update-one-by-one loop (only BatchNorm's running
+  statistics see the batch once instead of twice).
+* ``corr_every``: the cross-correlation matrices of CVPR Fig. 5 / FCCL+ Fig. 8 (each
+  participant against the mean of the others, on public and on its private data)
+  are recorded every k rounds and saved as ``cross_correlation.npz`` + ``.png``.
+
+:class:`FCCL` is also the base class of FCCL+ (:mod:`fedshift.methods.fccl_plus`),
+which overrides the collaborative loss and the local distillation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Dict, List, Literal, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..data.loading import normalize
+from ..engine.federation import frozen_copy
+from ..losses import cross_correlation, fccl_dual_distillation_loss, fccm_loss
+from .base import METHODS
+from .homogeneous import AveragingMethod
+
+TARGETS = ("all", "others", "others_prev")
+
+
+def collaborative_targets(outputs: Sequence[Tensor], mode: str,
+                          prev_outputs: Optional[Sequence[Tensor]] = None) -> List[Tensor]:
+    """Participant i's collaborative target from the K participants' detached outputs.
+
+    ``outputs``: K tensors of one shape (logits Z_j, or similarity matrices S_j).
+
+    * ``all``: ``mean_j outputs[j]`` for everyone (FCCL+ Eq. 1 and code, FCCL Eq. 1);
+    * ``others``: ``mean_{j != i} outputs[j]`` (needs K >= 2);
+    * ``others_prev``: ``(sum_{j != i} outputs[j] + prev_outputs[i]) / K``: the others'
+      current outputs and i's own from its previous-round model (the FCCL CVPR code).
+    """
+    k = len(outputs)
+    if mode == "all":
+        mean = torch.stack(list(outputs)).mean(0)
+        return [mean] * k
+    total = torch.stack(list(outputs)).sum(0)
+    if mode == "others":
+        if k < 2:
+            raise ValueError("target 'others' needs at least two participants")
+        return [(total - o) / (k - 1) for o in outputs]
+    if mode == "others_prev":
+        if prev_outputs is None or len(prev_outputs) != k:
+            raise ValueError("target 'others_prev' needs every participant's previous-round outputs")
+        return [(total - o + p) / k for o, p in zip(outputs, prev_outputs)]
+    raise ValueError(f"unknown collaborative target {mode!r}; valid: {', '.join(TARGETS)}")
+
+
+def refresh_copy(dst: Optional[torch.nn.Module], src: torch.nn.Module) -> torch.nn.Module:
+    """Copy ``src``'s weights and buffers into the frozen copy ``dst`` (made on first use).
+
+    Reusing the copy avoids a ``deepcopy`` per round; the copy keeps its eval mode
+    and ``requires_grad=False``.
+    """
+    if dst is None:
+        return frozen_copy(src)
+    with torch.no_grad():
+        for d, s in zip(dst.state_dict().values(), src.state_dict().values()):
+            d.copy_(s)
+    return dst
+
+
+def _runs(modes: Sequence[str]) -> List[Tuple[str, int]]:
+    """['kd', 'kd', 'fntd'] -> [('kd', 2), ('fntd', 1)]."""
+    out: List[Tuple[str, int]] = []
+    for m in modes:
+        if out and out[-1][0] == m:
+            out[-1] = (m, out[-1][1] + 1)
+        else:
+            out.append((m, 1))
+    return out
+
+
+@dataclass(frozen=True)
+class FCCLParams:
+    init: Literal["scratch", "base"] = "base"  # CVPR § 4: federated learning starts from the SOLO models
+    lam: float = 0.0051  # FCCM off-diagonal weight lambda_Col (CVPR § 4, after Barlow Twins; FCCL+ Table VII)
+    target: Literal["all", "others", "others_prev"] = "others_prev"  # CVPR code; "all" = Eq. 1 text / FCCL+ code
+    lambda_loc: float = 1.0  # weight of the dual distillation in Eq. 7 (CVPR § 4: 1); 0 = Fig. 8's "w/o CON"
+    tau: float = 1.0  # distillation temperature of Eq. 4-5 (CVPR code: 1, no T² factor)
+    teacher: Literal["previous", "collaborated"] = "previous"  # inter-domain teacher: theta^{t-1} (paper) or after colla.
+    teacher_bn: Literal["eval", "train"] = "eval"  # teachers' BatchNorm: eval (CVPR code) or batch stats (FCCL+ code)
+    fresh_optimizer: bool = True  # authors' code: a new Adam for every public batch (state reset each step)
+    homogeneous_averaging: Literal["auto", "none", "before_local", "after_local"] = "auto"  # auto: after local (Table 3)
+    averaging_weights: Literal["uniform", "samples"] = "uniform"  # authors' code averages uniformly
+    corr_every: int = 1  # record Fig. 5 cross-correlation matrices every k rounds (0: off; the last round always)
+    corr_samples: int = 512  # public (and at most as many private) samples per recorded matrix
+
+    def __post_init__(self):
+        if self.lam < 0 or self.lambda_loc < 0:
+            raise ValueError("lam and lambda_loc must be >= 0")
+        if self.tau <= 0:
+            raise ValueError(f"tau must be > 0, got {self.tau}")
+        if self.corr_every < 0 or self.corr_samples < 2:
+            raise ValueError("corr_every must be >= 0 and corr_samples >= 2")
+
+
+@METHODS.register("fccl")
+class FCCL(AveragingMethod):
+    """FCCL: FCCM on public logits, then CE + KL(previous-round model) + KL(pretrained model)."""
+
+    name = "fccl"
+    Params = FCCLParams
+    uses_public = True
+    paper_averaging = "after_local"  # CVPR Table 3 / authors' code: average after local updating
+
+    # ---------------------------------------------------------------- set-up
+    def needs_pretrained(self) -> bool:
+        """Whether a snapshot of the starting model (the intra-domain teacher theta^*) is kept."""
+        return True
+
+    def setup(self, fed) -> None:
+        self._mode = "none"
+        self._corr: Dict[int, Dict[str, np.ndarray]] = {}
+        self._corr_names: List[str] = [c.name for c in fed.clients]
+        for c in fed.clients:
+            # theta^{t-1} of round 1 is the participant's own starting model, theta^* its pretrained
+            # model; both are taken before a homogeneous run gives everyone participant 0's weights
+            # (the authors' order).
+            c.state["prev"] = frozen_copy(c.model)
+            c.state["teacher"] = c.state["prev"]
+            if self.needs_pretrained():
+                c.state["pretrained"] = frozen_copy(c.model)
+        self.init_state(fed)
+        self.setup_averaging(fed)
+
+    def init_state(self, fed) -> None:
+        """Per-participant state taken from the starting models (subclasses; before any averaging)."""
+
+    # ---------------------------------------------------------- collaboration
+    def collaborates(self) -> bool:
+        return True
+
+    def colla_losses(self, outs: List[Tuple[Tensor, Tensor]],
+                     prev: Optional[List[Tuple[Tensor, Tensor]]]) -> List[Tensor]:
+        """Per-participant collaborative losses from (features, logits) of this batch."""
+        with torch.no_grad():
+            targets = collaborative_targets([z.detach() for _, z in outs], self.p.target,
+                                            [z for _, z in prev] if prev else None)
+        return [fccm_loss(z, t, self.p.lam) for (_, z), t in zip(outs, targets)]
+
+    def collaborate(self, fed, r: int) -> Dict[str, float]:
+        if not self.collaborates():
+            return {}
+        clients = fed.clients
+        totals = torch.zeros(len(clients), device=fed.device)
+        steps = 0
+        for xb in fed.public_batches():
+            outs = [c.model.forward_with_features(xb) for c in clients]
+            prev = None
+            if self.p.target == "others_prev":
+                with torch.no_grad():
+                    prev = [c.state["prev"].forward_with_features(xb) for c in clients]
+            losses = self.colla_losses(outs, prev)
+            for i, (c, loss) in enumerate(zip(clients, losses)):
+                opt = self.public_optimizer(fed, c)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                totals[i] += loss.detach()
+            steps += 1
+        means = (totals / max(steps, 1)).tolist()  # one host sync per round
+        return {f"{c.name}/train/colla_loss": v for c, v in zip(clients, means)}
+
+    # ---------------------------------------------------------- local updating
+    def epoch_modes(self, epochs: int) -> List[str]:
+        """The local distillation used in each local epoch of a round."""
+        return ["dual" if self.p.lambda_loc > 0 else "none"] * epochs
+
+    def local_update(self, fed, r: int) -> Dict[str, float]:
+        runs = _runs(self.epoch_modes(fed.cfg.local_epochs))
+        metrics = {}
+        for c in fed.clients:
+            teacher = c.state["prev"]
+            if self.p.teacher == "collaborated":
+                # theta^e of FCCL+ Fig. 9: the model entering local updating (after colla. and averaging)
+                teacher = c.state["collaborated"] = refresh_copy(c.state.get("collaborated"), c.model)
+            c.state["teacher"] = teacher
+            for t in (c.state["teacher"], c.state.get("pretrained")):
+                if t is not None:
+                    t.train(self.p.teacher_bn == "train")
+            opt = fed.make_optimizer(c.model, "local")  # one optimiser per round, as the authors' code
+            total, epochs = 0.0, 0
+            for mode, n in runs:
+                self._mode = mode
+                total += n * fed.train_local(c, lambda cl, x, y, s: self.local_loss(fed, cl, x, y, s),
+                                             epochs=n, optimizer=opt)
+                epochs += n
+            metrics[f"{c.name}/train/local_loss"] = total / max(epochs, 1)
+        self.end_local(fed)
+        return metrics
+
+    def end_local(self, fed) -> None:
+        """After local updating (before any after_local averaging): save theta^{t-1} for next round."""
+        for c in fed.clients:
+            for key in ("prev", "collaborated", "pretrained"):
+                if c.state.get(key) is not None:
+                    c.state[key].eval()  # the previous-round logits of target "others_prev" are eval-mode
+            c.state["prev"] = refresh_copy(c.state["prev"], c.model)
+
+    def local_loss(self, fed, client, x, y, step):
+        logits = client.model(x)
+        loss = F.cross_entropy(logits, y)
+        if self._mode == "dual":
+            with torch.no_grad():
+                prev = client.state["teacher"](x)
+                pre = client.state["pretrained"](x)
+            loss = loss + self.p.lambda_loc * fccl_dual_distillation_loss(logits, prev, pre, self.p.tau)
+        return loss
+
+    # ------------------------------------------------ cross-correlation figure
+    def after_round(self, fed, r: int) -> None:
+        k = self.p.corr_every
+        if k and len(fed.clients) > 1 and (r % k == 0 or r == fed.cfg.rounds):
+            self._corr[r] = correlation_matrices(fed, self.p.corr_samples)
+
+    def artifacts(self, out_dir: Path) -> None:
+        """``cross_correlation.npz`` (rounds, participants, public/private: R x K x C x C) and a PNG."""
+        if not self._corr:
+            return
+        rounds = sorted(self._corr)
+        np.savez_compressed(Path(out_dir) / "cross_correlation.npz", rounds=np.array(rounds),
+                            participants=np.array(self._corr_names),
+                            public=np.stack([self._corr[r]["public"] for r in rounds]),
+                            private=np.stack([self._corr[r]["private"] for r in rounds]))
+        draw_correlations(self._corr, self._corr_names, Path(out_dir) / "cross_correlation.png",
+                          f"{self.name}: cross-correlation with the others' mean (FCCL+ Fig. 8)")
+
+
+def correlation_matrices(fed, samples: int) -> Dict[str, np.ndarray]:
+    """Each participant's cross-correlation (Eq. 1) with the others' mean logits, eval mode.
+
+    ``public``: on the first ``samples`` public images (no augmentation); ``private``:
+    on participant i's first ``samples`` private images, every model scoring them.
+    Returns arrays of shape (K, C, C). A constant logit column gives 0 (eps 1e-8).
+    """
+    clients = fed.clients
+    was = [c.model.training for c in clients]
+    for c in clients:
+        c.model.eval()
+
+    def against_others(zs: List[Tensor], i: int) -> Tensor:
+        others = torch.stack([z for j, z in enumerate(zs) if j != i]).mean(0)
+        return cross_correlation(zs[i], others, eps=1e-8)
+
+    try:
+        with torch.no_grad():
+            pub = normalize(fed.data.public[:samples])
+            z_pub = [c.model(pub) for c in clients]
+            public = torch.stack([against_others(z_pub, i) for i in range(len(clients))])
+            private = []
+            for i, c in enumerate(clients):
+                x = normalize(c.data.get("private")[0][:samples])
+                private.append(against_others([m.model(x) for m in clients], i))
+            private = torch.stack(private)
+    finally:
+        for c, w in zip(clients, was):
+            c.model.train(w)
+    return {"public": public.float().cpu().numpy(), "private": private.float().cpu().numpy()}
+
+
+def draw_correlations(corr: Dict[int, Dict[str, np.ndarray]], names: List[str], path: Path, title: str,
+                      max_rounds: int = 5) -> None:
+    """Heatmaps like FCCL+ Fig. 8: rows = participants, per round a public and a private matrix."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rounds = sorted(corr)
+    if len(rounds) > max_rounds:  # first, last and evenly spaced in between
+        idx = np.unique(np.linspace(0, len(rounds) - 1, max_rounds).round().astype(int))
+        rounds = [rounds[i] for i in idx]
+    k = len(names)
+    fig, axes = plt.subplots(k, 2 * len(rounds), figsize=(2.0 * 2 * len(rounds), 2.0 * k + 0.6), squeeze=False)
+    for col, r in enumerate(rounds):
+        for part, kind in enumerate(("public", "private")):
+            for i in range(k):
+                ax = axes[i, 2 * col + part]
+                im = ax.imshow(corr[r][kind][i], cmap="Blues", vmin=-1, vmax=1)
+                ax.set_xticks([])
+                ax.set_yticks([])
+                if i == 0:
+                    ax.set_title(f"round {r}\n{kind}", fontsize=8)
+                if col == 0 and part == 0:
+                    ax.set_ylabel(names[i], fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.6)
+    fig.savefig(path, dpi=100)
+    plt.close(fig)

@@ -1,0 +1,120 @@
+"""Homogeneous mode of the public-data methods: optional parameter averaging in the round.
+
+FCCL+ (TPAMI § 4.4, Table XV) and FCCL (CVPR § 4.1, Table 3) run their heterogeneous
+methods on one shared architecture too, adding "the model parameter averaging
+operation between collaborative updating and local updating". The authors' code puts
+it at different places: FCCL+ (and its FedDF baseline) average *before* local
+updating; FCCL averages *after* local updating (having first saved the local models
+as next round's teachers). Both average with uniform weights.
+
+:class:`AveragingMethod` is the base of such methods. Its ``run_round`` is
+
+    collaborate -> [average: before_local] -> local_update -> [average: after_local] -> after_round
+
+and the key ``homogeneous_averaging`` of the method's Params chooses the position:
+
+* ``auto`` (default): average only when every participant has the same architecture
+  (``fed.homogeneous``), at the position of the method's paper (``paper_averaging``);
+  heterogeneous runs are untouched;
+* ``none``: never average (heterogeneous behaviour on a shared architecture);
+* ``before_local`` / ``after_local``: force a position; asking for it on a
+  heterogeneous federation is a :class:`~fedshift.errors.ConfigError`.
+
+When averaging, every participant starts from participant 0's weights (the authors'
+code, for a random or a BASE start alike). The method's Params must also have
+``averaging_weights`` (``uniform`` as the authors' code, or ``samples`` as FedAvg)
+and ``fresh_optimizer`` (used by
+:meth:`AveragingMethod.public_optimizer`, shared by the public-data methods).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Dict, Optional
+
+import torch
+
+from ..errors import ConfigError
+from .base import Method
+from .fedavg import average_models
+
+AVERAGING = ("auto", "none", "before_local", "after_local")
+
+
+def averaging_position(setting: str, homogeneous: bool, paper_position: str, method: str) -> Optional[str]:
+    """Resolve ``homogeneous_averaging`` to ``"before_local"``, ``"after_local"`` or None (no averaging)."""
+    if setting not in AVERAGING:
+        raise ConfigError(f"methods.{method}.homogeneous_averaging: invalid value {setting!r}; "
+                          f"valid: {', '.join(AVERAGING)}")
+    if setting == "none":
+        return None
+    if setting == "auto":
+        return paper_position if homogeneous else None
+    if not homogeneous:
+        raise ConfigError(f"methods.{method}.homogeneous_averaging: {setting!r} averages parameters, which needs "
+                          "one shared architecture, but the participants' architectures differ; use a "
+                          "homo_<model> structure or homogeneous_averaging: auto|none")
+    return setting
+
+
+def sync_start(fed) -> None:
+    """Give every participant participant 0's weights (one global start, as FedAvg and the authors' code)."""
+    state = fed.clients[0].model.state_dict()
+    for c in fed.clients[1:]:
+        c.model.load_state_dict(state)
+
+
+class AveragingMethod(Method):
+    """A method whose round may average parameters before or after local updating."""
+
+    #: where the method's paper / authors' code averages in homogeneous mode
+    paper_averaging: ClassVar[str] = "before_local"
+
+    averaging: Optional[str] = None  # resolved position (None: no averaging)
+
+    def setup_averaging(self, fed) -> None:
+        """Resolve the position; when averaging, every participant starts from participant 0's weights.
+
+        The authors' code does so in homogeneous mode whatever the start (random or
+        BASE); averaging independent initialisations would shrink the weights.
+        """
+        self._public_opts: Dict[str, torch.optim.Optimizer] = {}
+        self.averaging = averaging_position(self.p.homogeneous_averaging, fed.homogeneous, self.paper_averaging,
+                                            self.name)
+        if self.averaging:
+            sync_start(fed)
+
+    def setup(self, fed) -> None:
+        self.setup_averaging(fed)
+
+    def average(self, fed) -> None:
+        average_models(fed.clients, self.p.averaging_weights)
+
+    def public_optimizer(self, fed, c):
+        """Participant ``c``'s public-phase optimiser at this round's learning rate.
+
+        One optimiser object per participant, made on first use. With the Params key
+        ``fresh_optimizer`` (the authors' code builds a new Adam for every public
+        batch) its state is cleared on every call, which is exactly a new optimiser
+        (Adam's moments and step counter restart at zero) without rebuilding it; the
+        learning rate follows ``engine.lr_decay`` round by round either way.
+        """
+        opt = self._public_opts.get(c.name)
+        if opt is None:
+            opt = self._public_opts[c.name] = fed.make_optimizer(c.model, "public")
+            return opt
+        if self.p.fresh_optimizer:
+            opt.state.clear()
+        lr = fed.cfg.lr_at(fed.cfg.public_lr, max(fed.round - 1, 0))  # as Federation.make_optimizer
+        for g in opt.param_groups:
+            g["lr"] = lr
+        return opt
+
+    def run_round(self, fed, r: int) -> Dict[str, float]:
+        metrics = dict(self.collaborate(fed, r) or {})
+        if self.averaging == "before_local":
+            self.average(fed)
+        metrics.update(self.local_update(fed, r) or {})
+        if self.averaging == "after_local":
+            self.average(fed)
+        self.after_round(fed, r)
+        return metrics
