@@ -19,7 +19,16 @@ except ConfigError as exc:
     raise WorkflowError(f"fedshift: error: {exc}") from None
 
 FED_CONFIGS, PRE_CONFIGS = write_configs(PLAN)
-write_if_changed("results/configs/report.yaml", dump_config(PLAN.report))
+
+# The main grid reports to results/{collect,report}; a named grid (report.name, e.g. the
+# ablation grids in params/ablations/) to results/ablations/<name>/, so grids never
+# overwrite each other's tables while sharing every run they have in common.
+REPORT_NAME = PLAN.report.get("name")
+RESULTS_ROOT = f"results/ablations/{REPORT_NAME}" if REPORT_NAME else "results"
+COLLECT_CSV = f"{RESULTS_ROOT}/collect/runs.csv"
+REPORT_DIR = f"{RESULTS_ROOT}/report"
+REPORT_CONFIG = f"results/configs/report-{REPORT_NAME or 'main'}.yaml"
+write_if_changed(REPORT_CONFIG, dump_config(PLAN.report))
 
 SCENARIOS_USED = sorted({j.scenario for j in PLAN.federate})
 PUBLIC_USED = sorted({c["public"] for c in PLAN.federate.values() if c["paths"]["public"]})

@@ -1,15 +1,17 @@
 # Gather every run into one tidy table, then draw the paper-style tables and figures.
+# Paths: results/{collect,report} for the main grid, results/ablations/<name>/ for a
+# named grid (report.name), see common.smk.
 
 
 rule collect:
     input:
         FEDERATE_METRICS,
     output:
-        "results/collect/runs.csv",
+        COLLECT_CSV,
     conda:
         "../../environment.yml"
     log:
-        "logs/collect.log",
+        f"logs/collect-{REPORT_NAME or 'main'}.log",
     params:
         runs=lambda wc, input: " ".join(os.path.dirname(p) for p in input),
     shell:
@@ -18,13 +20,13 @@ rule collect:
 
 rule report:
     input:
-        runs="results/collect/runs.csv",
-        config="results/configs/report.yaml",
+        runs=COLLECT_CSV,
+        config=REPORT_CONFIG,
     output:
-        directory("results/report"),
+        directory(REPORT_DIR),
     conda:
         "../../environment.yml"
     log:
-        "logs/report.log",
+        f"logs/report-{REPORT_NAME or 'main'}.log",
     shell:
         "fedshift report {input.runs} {output} --config {input.config} > {log} 2>&1"
