@@ -35,6 +35,7 @@ TINY_DATA = {
 TINY_GRID = {
     "engine": {"rounds": 3, "local_epochs": 1, "local_batch": 32, "public_batch": 128, "device": "cpu", "threads": 1},
     "pretrain": {"epochs": 2, "batch": 32, "eval_every": 1, "device": "cpu", "threads": 1},
+    "methods": {"fccl_plus": {"init": "base"}},  # start from the pretrain rule's BASE checkpoints
     "grid": [{"name": "tiny", "scenarios": ["rotmnist"], "public": ["photo_patches"],
               "methods": ["base", "fedavg", "fedmd", "fccl_plus"], "structures": ["homo_lenet"], "seeds": [0]}],
     "report": {"title": "tiny"},
@@ -54,7 +55,7 @@ def run(cmd, cwd, check=True, timeout=900):
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
     root = tmp_path_factory.mktemp("project")
-    for name in ("dvc.yaml", ".dvcignore"):
+    for name in ("dvc.yaml", ".dvcignore", "environment.yml"):
         shutil.copy(REPO / name, root / name)
     shutil.copytree(REPO / "workflow", root / "workflow", ignore=shutil.ignore_patterns(".snakemake"))
     (root / "params").mkdir()
@@ -138,15 +139,16 @@ def test_nothing_left_to_do(ran):
 def test_hyperparameter_change_reruns_only_affected_jobs(ran):
     root, _, _ = ran
     grid = yaml.safe_load((root / "params/experiments.yaml").read_text())
-    grid["methods"] = {"fccl_plus": {"omega": 1.0}}
+    grid["methods"]["fccl_plus"]["omega"] = 1.0
     (root / "params/experiments.yaml").write_text(yaml.safe_dump(grid))
     try:
         dry = run("snakemake -n --cores 1", root).stdout
-        jobs = [l.split()[1] for l in dry.splitlines() if l.startswith("rule ")]
+        jobs = [l.split()[1].rstrip(":") for l in dry.splitlines() if l.startswith("rule ")]
         assert sorted(jobs) == ["all", "collect", "federate", "report"]
-        assert "fccl_plus" in dry and "fedmd/homo_lenet" not in dry
+        outputs = [l.strip() for l in dry.splitlines() if l.strip().startswith("output: results/federate/")]
+        assert len(outputs) == 1 and "/fccl_plus/" in outputs[0]
     finally:
-        grid.pop("methods")
+        grid["methods"]["fccl_plus"].pop("omega")
         (root / "params/experiments.yaml").write_text(yaml.safe_dump(grid))
 
 
@@ -154,12 +156,16 @@ def test_bad_names_fail_before_any_job(project):
     bad = dict(TINY_GRID, grid=[dict(TINY_GRID["grid"][0], methods=["fccl_plsu"])])
     (project / "bad.yaml").write_text(yaml.safe_dump(bad))
     res = run("snakemake -n --cores 1 --configfile bad.yaml", project, check=False)
+    out = res.stdout + res.stderr
     assert res.returncode != 0
-    assert "unknown method 'fccl_plsu'" in res.stderr and "fccl_plus" in res.stderr
+    assert "fedshift: error: grid[0].methods: unknown method 'fccl_plsu' (did you mean 'fccl_plus'?)" in out
+    assert "rule federate" not in out
     bad = dict(TINY_GRID, engine={"rounds": 2, "lokal_epochs": 1})
     (project / "bad.yaml").write_text(yaml.safe_dump(bad))
     res = run("snakemake -n --cores 1 --configfile bad.yaml", project, check=False)
-    assert "engine.lokal_epochs: unknown key" in res.stderr and "local_epochs" in res.stderr
+    out = res.stdout + res.stderr
+    assert res.returncode != 0
+    assert "engine (base on rotmnist).lokal_epochs: unknown key (did you mean 'local_epochs'?)" in out
 
 
 def test_lint_is_clean():
