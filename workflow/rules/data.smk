@@ -13,4 +13,4 @@ rule dvc_repro:
     log:
         "logs/dvc_repro.log",
     shell:
-        "dvc repro > {log} 2>&1"
+        "mkdir -p data && dvc repro > {log} 2>&1"
