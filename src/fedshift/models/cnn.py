@@ -21,7 +21,7 @@ from .lenet import LeNet
 
 @MODELS.register("simple_cnn")
 class SimpleCNN(LeNet):
-    """SimpleCNN of FCCL+ Table XVIII (Huang et al., TPAMI 2023; Lin et al., FedDF, NeurIPS 2020).
+    """SimpleCNN of FCCL+ Table XVIII (Huang et al., FCCL+, TPAMI; Lin et al., FedDF, NeurIPS 2020).
 
     Conv 6@5x5, 2x2 max-pool, conv 16@5x5, 2x2 max-pool, FC 120, FC 84 (the features),
     linear classifier; ReLU throughout, no normalisation by default. 32x32 gives the

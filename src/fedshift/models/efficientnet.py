@@ -96,7 +96,7 @@ class EfficientNetB0(FedModel):
         in_channels: int = 3,
         norm: str = "batch",
         dropout: float = 0.2,  # B0's classifier dropout
-        drop_path: float = 0.2,  # B0's stochastic depth, scaled linearly over the blocks
+        drop_path_rate: float = 0.2,  # B0's stochastic depth, scaled linearly over the blocks
     ):
         super().__init__()
         self.num_classes = num_classes
@@ -109,7 +109,7 @@ class EfficientNetB0(FedModel):
         for expansion, cout, repeats, kernel, stride in B0_STAGES:
             for j in range(repeats):
                 layers.append(
-                    MBConv(cin, cout, expansion, kernel, stride if j == 0 else 1, norm, drop_path * b / total)
+                    MBConv(cin, cout, expansion, kernel, stride if j == 0 else 1, norm, drop_path_rate * b / total)
                 )
                 cin, b = cout, b + 1
         self.body = nn.Sequential(*layers)

@@ -115,13 +115,13 @@ class ResNet(FedModel):
 
 @MODELS.register("resnet10")
 def resnet10(**kw) -> ResNet:
-    """ResNet-10, BasicBlocks [1,1,1,1] (He et al. 2016; FCCL+ TPAMI 2023 Table VI)."""
+    """ResNet-10, BasicBlocks [1,1,1,1] (He et al. 2016; FCCL+, TPAMI, Table VI)."""
     return ResNet(BasicBlock, (1, 1, 1, 1), **kw)
 
 
 @MODELS.register("resnet12")
 def resnet12(**kw) -> ResNet:
-    """ResNet-12, BasicBlocks [2,1,1,1] (He et al. 2016; FCCL+ TPAMI 2023 Table VI)."""
+    """ResNet-12, BasicBlocks [2,1,1,1] (He et al. 2016; FCCL+, TPAMI, Table VI)."""
     return ResNet(BasicBlock, (2, 1, 1, 1), **kw)
 
 
