@@ -87,9 +87,9 @@ def test_grid_resolves_variants_and_scenario_overrides():
     assert cfgs["no-fisl"]["method_params"]["fisl"] is False
     assert cfgs["no-fisl"]["method_params"]["omega"] == 2.0
     assert cfgs["fccl_plus"]["engine"]["rounds"] == 7
-    assert cfgs["fccl_plus"]["archs"] == ["lenet", "simple_cnn", "lenet", "simple_cnn"]
+    assert cfgs["fccl_plus"]["archs"] == ["lenet", "fedavg_cnn_mnist", "simple_cnn", "lenet"]
     # fccl starts from BASE checkpoints (shared: one pretrain job per participant/arch);
     # fccl_plus from scratch, as the FCCL+ code
     assert len(plan.pretrain) == 4
-    assert cfgs["fccl"]["paths"]["pretrained"][1] == "results/pretrain/rotmnist/m20/simple_cnn/seed0/model.pt"
+    assert cfgs["fccl"]["paths"]["pretrained"][1] == "results/pretrain/rotmnist/m20/fedavg_cnn_mnist/seed0/model.pt"
     assert cfgs["fccl_plus"]["paths"]["pretrained"] is None
