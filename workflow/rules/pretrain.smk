@@ -14,6 +14,9 @@ rule pretrain:
         "../../environment.yml"
     log:
         "logs/pretrain/{scenario}/{participant}/{arch}/seed{seed}.log",
+    # BASE checkpoints gate the methods that start from them: schedule them first so those
+    # runs do not end up alone on the critical path.
+    priority: 10
     resources:
         gpu=0,
     shell:

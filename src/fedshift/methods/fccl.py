@@ -185,24 +185,16 @@ class FCCL(AveragingMethod):
         if not self.collaborates():
             return {}
         clients = fed.clients
-        totals = torch.zeros(len(clients), device=fed.device)
-        steps = 0
-        for xb in fed.public_batches():
+
+        def batch_losses(xb):
             outs = [c.model.forward_with_features(xb) for c in clients]
             prev = None
             if self.p.target == "others_prev":
                 with torch.no_grad():
                     prev = [c.state["prev"].forward_with_features(xb) for c in clients]
-            losses = self.colla_losses(outs, prev)
-            for i, (c, loss) in enumerate(zip(clients, losses)):
-                opt = self.public_optimizer(fed, c)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                totals[i] += loss.detach()
-            steps += 1
-        means = (totals / max(steps, 1)).tolist()  # one host sync per round
-        return {f"{c.name}/train/colla_loss": v for c, v in zip(clients, means)}
+            return self.colla_losses(outs, prev)
+
+        return self.public_step(fed, batch_losses, "colla_loss")
 
     # ---------------------------------------------------------- local updating
     def epoch_modes(self, epochs: int) -> List[str]:

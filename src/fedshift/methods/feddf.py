@@ -80,19 +80,11 @@ class FedDF(AveragingMethod):
     def collaborate(self, fed, r: int) -> Dict[str, float]:
         p = self.p
         clients = fed.clients
-        totals = torch.zeros(len(clients), device=fed.device)
-        steps = 0
-        for xb in fed.public_batches():
+
+        def batch_losses(xb):
             zs: List[Tensor] = [c.model(xb) for c in clients]
             with torch.no_grad():
                 target = ensemble_target([z.detach() for z in zs], p.tau, p.ensemble)
-            for i, (c, z) in enumerate(zip(clients, zs)):
-                loss = soft_target_loss(z, target, p.tau)
-                opt = self.public_optimizer(fed, c)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                totals[i] += loss.detach()
-            steps += 1
-        means = (totals / max(steps, 1)).tolist()
-        return {f"{c.name}/train/distill_loss": v for c, v in zip(clients, means)}
+            return [soft_target_loss(z, target, p.tau) for z in zs]
+
+        return self.public_step(fed, batch_losses, "distill_loss")

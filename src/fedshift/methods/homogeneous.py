@@ -29,9 +29,10 @@ and ``fresh_optimizer`` (used by
 
 from __future__ import annotations
 
-from typing import ClassVar, Dict, Optional
+from typing import Callable, ClassVar, Dict, List, Optional
 
 import torch
+from torch import Tensor
 
 from ..errors import ConfigError
 from .base import Method
@@ -108,6 +109,29 @@ class AveragingMethod(Method):
         for g in opt.param_groups:
             g["lr"] = lr
         return opt
+
+    def public_step(self, fed, batch_losses: Callable[[Tensor], List[Tensor]], key: str) -> Dict[str, float]:
+        """One collaborative pass over the public set.
+
+        For every public batch ``xb``, ``batch_losses(xb)`` returns one loss per participant,
+        all computed from outputs taken before any update (the authors' order: every
+        participant's logits first, then the updates one after another); each participant
+        then steps on its own loss. Returns the mean loss per participant as
+        ``<participant>/train/<key>`` (one host sync per round).
+        """
+        clients = fed.clients
+        totals = torch.zeros(len(clients), device=fed.device)
+        steps = 0
+        for xb in fed.public_batches():
+            for i, (c, loss) in enumerate(zip(clients, batch_losses(xb))):
+                opt = self.public_optimizer(fed, c)
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+                totals[i] += loss.detach()
+            steps += 1
+        means = (totals / max(steps, 1)).tolist()
+        return {f"{c.name}/train/{key}": v for c, v in zip(clients, means)}
 
     def run_round(self, fed, r: int) -> Dict[str, float]:
         metrics = dict(self.collaborate(fed, r) or {})
