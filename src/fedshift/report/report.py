@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 import pandas as pd
@@ -47,8 +47,9 @@ def headline_frame(df: pd.DataFrame, last_k: int = 3) -> pd.DataFrame:
     return tail.groupby(keys[:5] + ["participant", "kind"], as_index=False)[["top1", "top5"]].mean()
 
 
-def paper_table(head: pd.DataFrame, kind: str, metric: str, methods: Optional[List[str]] = None) -> pd.DataFrame:
-    """Rows = methods, columns = participants + AVG (mean ± std over seeds), in percent."""
+def paper_table(head: pd.DataFrame, kind: str, metric: str,
+                methods: Optional[List[str]] = None) -> Tuple[pd.DataFrame, pd.DataFrame]:
+    """Rows = methods, columns = participants + AVG + seeds: (mean, std over seeds), in percent."""
     h = head[head["kind"] == kind]
     arrow = "→" if kind == "inter" else "↩"
     per_seed = h.pivot_table(index=["method", "seed"], columns="participant", values=metric, aggfunc="mean")
@@ -64,12 +65,10 @@ def paper_table(head: pd.DataFrame, kind: str, metric: str, methods: Optional[Li
     std.columns = mean.columns
     out = mean.round(2)
     out["seeds"] = n.loc[order].values
-    out.attrs["std"] = std.round(2)
-    return out
+    return out, std.round(2)
 
 
-def to_markdown(table: pd.DataFrame, title: str) -> str:
-    std = table.attrs.get("std")
+def to_markdown(table: pd.DataFrame, title: str, std: Optional[pd.DataFrame] = None) -> str:
     cols = [c for c in table.columns if c != "seeds"]
     lines = [f"### {title}", "", "| method | " + " | ".join(cols) + " | seeds |",
              "|---|" + "---:|" * len(cols) + "---:|"]
@@ -134,9 +133,10 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
             metric = _topk(scen)
             slug = _slug(scen, pub, struct)
             for kind, tname in (("inter", "Table VIII-style inter-domain"), ("intra", "Table IX-style intra-domain")):
-                t = paper_table(h, kind, metric)
+                t, sd = paper_table(h, kind, metric)
                 t.to_csv(tmp / f"table_{kind}__{slug}.csv")
-                md.append(to_markdown(t, f"{tname} {metric}: {scen} / public {pub} / {struct}"))
+                sd.to_csv(tmp / f"table_{kind}_std__{slug}.csv")
+                md.append(to_markdown(t, f"{tname} {metric}: {scen} / public {pub} / {struct}", sd))
             sub = df[(df.scenario == scen) & (df.public == pub) & (df.structure == struct)]
             curves_figure(sub, tmp / f"curves__{slug}.png", f"{scen} / public {pub} / {struct}")
             md.append(f"![curves](curves__{slug}.png)\n")
@@ -152,9 +152,10 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
                 metric = _topk(scen)
                 both = []
                 for kind in ("inter", "intra"):
-                    t = paper_table(hh, kind, metric, spec["methods"])
+                    t, sd = paper_table(hh, kind, metric, spec["methods"])
                     both.append(t.drop(columns="seeds") if kind == "inter" else t)
-                    md.append(to_markdown(t, f"{spec.get('title', spec['name'])} ({kind}, {metric}): {scen} / {pub} / {struct}"))
+                    md.append(to_markdown(t, f"{spec.get('title', spec['name'])} ({kind}, {metric}): "
+                                             f"{scen} / {pub} / {struct}", sd))
                 pd.concat(both, axis=1).to_csv(tmp / f"{spec['name']}__{_slug(scen, pub, struct)}.csv")
         (tmp / "report.md").write_text("\n".join(md))
         written = sorted(tmp.iterdir())
