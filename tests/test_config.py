@@ -93,3 +93,15 @@ def test_grid_resolves_variants_and_scenario_overrides():
     assert len(plan.pretrain) == 4
     assert cfgs["fccl"]["paths"]["pretrained"][1] == "results/pretrain/rotmnist/m20/fedavg_cnn_mnist/seed0/model.pt"
     assert cfgs["fccl_plus"]["paths"]["pretrained"] is None
+
+
+def test_a_run_resolves_identically_from_any_grid():
+    """Ablation grids share runs with the main grid: the resolved config (a Snakemake input)
+    must not depend on which grid or block named the run, or every grid re-runs it."""
+    from fedshift.experiments import dump_config
+
+    a = load_experiments({"grid": [{**grid()["grid"][0], "name": "main"}]}, DATA)
+    b = load_experiments({"grid": [{**grid(methods=["base", "fccl_plus"])["grid"][0], "name": "table_x"}],
+                          "report": {"name": "table_x"}}, DATA)
+    job = next(iter(a.federate))
+    assert dump_config(a.federate[job]) == dump_config(b.federate[job])

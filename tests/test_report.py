@@ -16,7 +16,7 @@ def runs(methods=("a", "b"), seeds=(0, 1), rounds=4):
         # accuracy = r/10 + seed/100 (+0.2 for method b, +0.3 on the own domain)
         acc = r / 10 + s / 100 + (0.2 if m == "b" else 0) + (0.3 if p == d else 0) + (0.01 if d == "p2" else 0)
         rows.append({"scenario": "rotmnist", "public": "photo_patches", "method": m, "base_method": m,
-                     "structure": "st", "seed": s, "block": "x", "round": r, "participant": p, "arch": "lenet",
+                     "structure": "st", "seed": s, "round": r, "participant": p, "arch": "lenet",
                      "domain": d, "kind": "intra" if p == d else "inter", "top1": acc, "top5": min(1, acc + 0.1)})
     return pd.DataFrame(rows)
 

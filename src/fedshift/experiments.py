@@ -205,7 +205,7 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
             plan.federate[job] = {
                 "kind": "federate", "run_name": f"federate/{job.path}", "scenario": s, "public": pub,
                 "method": m, "base_method": base_method, "structure": st, "seed": seed,
-                "participants": participants, "archs": list(archs), "block": block.get("name", f"grid{b}"),
+                "participants": participants, "archs": list(archs),
                 "method_params": to_dict(mparams), "engine": to_dict(eng),
                 "paths": {"partition": f"{build}/partitions/{s}",
                           "public": f"{build}/public/{pub}" if pub != "none" and cls.uses_public else None,

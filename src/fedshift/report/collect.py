@@ -15,7 +15,7 @@ import yaml
 
 from ..data.store import atomic_write_text
 
-ID_COLUMNS = ["scenario", "public", "method", "base_method", "structure", "seed", "block"]
+ID_COLUMNS = ["scenario", "public", "method", "base_method", "structure", "seed"]
 
 
 def load_run(run_dir: Path) -> pd.DataFrame:
