@@ -40,7 +40,8 @@ def test_make_report_writes_tables_named_tables_and_figures(tmp_path):
     runs().to_csv(csv, index=False)
     cfg = {"title": "t", "tables": [{"name": "abl", "title": "Ablation", "methods": ["b", "a"]}]}
     files = {p.name for p in make_report(csv, tmp_path / "rep", cfg, tracking=False)}
-    assert {"report.md", "table_inter__rotmnist__photo_patches__st.csv", "abl__rotmnist__photo_patches__st.csv",
+    assert {"report.md", "table_inter__rotmnist__photo_patches__st.csv", "std_table_inter__rotmnist__photo_patches__st.csv",
+            "abl__rotmnist__photo_patches__st.csv",
             "curves__rotmnist__photo_patches__st.png"} <= files
     abl = pd.read_csv(tmp_path / "rep/abl__rotmnist__photo_patches__st.csv", index_col=0)
     assert list(abl.index) == ["b", "a"]  # the table's own order

@@ -135,7 +135,7 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
             for kind, tname in (("inter", "Table VIII-style inter-domain"), ("intra", "Table IX-style intra-domain")):
                 t, sd = paper_table(h, kind, metric)
                 t.to_csv(tmp / f"table_{kind}__{slug}.csv")
-                sd.to_csv(tmp / f"table_{kind}_std__{slug}.csv")
+                sd.to_csv(tmp / f"std_table_{kind}__{slug}.csv")  # std over seeds, same layout
                 md.append(to_markdown(t, f"{tname} {metric}: {scen} / public {pub} / {struct}", sd))
             sub = df[(df.scenario == scen) & (df.public == pub) & (df.structure == struct)]
             curves_figure(sub, tmp / f"curves__{slug}.png", f"{scen} / public {pub} / {struct}")
