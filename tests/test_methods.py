@@ -136,3 +136,20 @@ def test_scenario_defaults_apply_before_overrides():
     assert create_method("fccl_plus", scenario="office_home").p.omega == 1.0
     assert create_method("fccl_plus", {"omega": 5.0}, scenario="office_home").p.omega == 5.0
     assert create_method("fccl_plus", scenario="digits").p.omega == 3.0
+
+
+def test_channels_last_engine_gives_the_same_gradients(tiny_data):
+    """NHWC weights change the kernels' summation order only: equal gradients up to float
+    rounding (a whole Adam round amplifies such rounding, so one step is compared)."""
+    def grads(cl):
+        fed = tiny_federation(tiny_data, ("lenet", "lenet"), public_aug="none", channels_last=cl)
+        model = fed.clients[0].model
+        conv = [m for m in model.modules() if isinstance(m, torch.nn.Conv2d)][-1]  # C_in > 1
+        assert conv.weight.is_contiguous(memory_format=torch.channels_last) == cl
+        x, y = fed.clients[0].data.get("private")
+        from fedshift.data.loading import normalize
+
+        torch.nn.functional.cross_entropy(model(normalize(x[:64])), y[:64]).backward()
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    assert torch.allclose(grads(False), grads(True), rtol=1e-4, atol=1e-6)

@@ -83,8 +83,9 @@ class Federation:
         self.device = device
         self.seed = seed
         seeds = derive_seeds(seed, len(models) + 2)
+        fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
         self.clients = [
-            Client(i, cd.name, cd.domain, arch, m.to(device), cd,
+            Client(i, cd.name, cd.domain, arch, m.to(device, memory_format=fmt), cd,
                    torch.Generator().manual_seed(s))
             for i, (cd, m, arch, s) in enumerate(zip(data.clients, models, archs, seeds))
         ]
