@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from fedshift.data import FetchContext, build, store
+from fedshift.data import build, store
 from fedshift.data.registry import SCENARIOS
 from fedshift.errors import ConfigError
 

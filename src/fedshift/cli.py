@@ -27,9 +27,6 @@ from .errors import ConfigError
 
 
 def _registries() -> Dict[str, Callable[[], List[str]]]:
-    def lazy(getter):
-        return getter
-
     def datasets():
         from .data import DATASETS
         return DATASETS.names()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import copy
 import logging
 import sys
-import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional
 
@@ -94,7 +93,6 @@ class Federation:
         self.num_classes = data.num_classes
         self.round = 0
         self.progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
-        self.timers: Dict[str, float] = {}
 
     # ------------------------------------------------------------------ data
     @property

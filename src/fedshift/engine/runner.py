@@ -15,7 +15,6 @@ from __future__ import annotations
 import csv
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional

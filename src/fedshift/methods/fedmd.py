@@ -14,6 +14,7 @@ from typing import Dict, Literal
 
 import torch
 
+from ..data.loading import normalize
 from ..losses import fedmd_digest_loss
 from .base import METHODS, Method
 
@@ -37,8 +38,6 @@ class FedMD(Method):
     def collaborate(self, fed, r: int) -> Dict[str, float]:
         pub = fed.data.public
         idx = torch.randperm(len(pub), generator=fed.public_gen)[: self.p.public_subset].to(pub.device)
-        from ..data.loading import normalize
-
         x_all = pub[idx]
         # Consensus: the mean of all participants' logits, in eval mode, in large batches.
         with torch.no_grad():

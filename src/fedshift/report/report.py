@@ -20,7 +20,6 @@ import os
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-import numpy as np
 import pandas as pd
 
 from ..data.store import atomic_dir
