@@ -10,12 +10,15 @@ counted in the manifest.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 import numpy as np
 
 from .registry import EVAL_SPLITS, Participant, Split
 from .store import image_hashes
+
+
+Hashes = Dict[Tuple[str, str], np.ndarray]  # (participant, split) -> image hashes
 
 
 def _roles(parts: Dict[str, Participant]):
@@ -25,46 +28,53 @@ def _roles(parts: Dict[str, Participant]):
             yield pname, split, role, s
 
 
-def drop_leaks(parts: Dict[str, Participant]) -> int:
-    """Remove eval samples whose image also occurs in any training split; return how many."""
+def split_hashes(parts: Dict[str, Participant]) -> Hashes:
+    """Hash every image of every split once (both checks below reuse them)."""
+    return {(pname, split): image_hashes(s.images) for pname, split, _, s in _roles(parts)}
+
+
+def drop_leaks(parts: Dict[str, Participant], hashes: Optional[Hashes] = None) -> int:
+    """Remove eval samples whose image also occurs in any training split; return how many.
+
+    ``hashes`` (from :func:`split_hashes`) is updated in place for the filtered splits.
+    """
+    hashes = split_hashes(parts) if hashes is None else hashes
     train_hashes = set()
-    for _, _, role, s in _roles(parts):
+    for pname, split, role, _ in _roles(parts):
         if role == "train":
-            train_hashes.update(image_hashes(s.images).tolist())
+            train_hashes.update(hashes[pname, split].tolist())
     removed = 0
-    for _, split, role, s in list(_roles(parts)):
+    for pname, split, role, s in _roles(parts):
         if role != "eval" or len(s.images) == 0:
             continue
-        keep = ~np.isin(image_hashes(s.images), list(train_hashes))
+        keep = ~np.isin(hashes[pname, split], list(train_hashes))
         if not keep.all():
             removed += int((~keep).sum())
             s.images, s.labels, s.index = s.images[keep], s.labels[keep], s.index[keep]
+            hashes[pname, split] = hashes[pname, split][keep]
     return removed
 
 
-def audit_partition(parts: Dict[str, Participant]) -> dict:
+def audit_partition(parts: Dict[str, Participant], hashes: Optional[Hashes] = None) -> dict:
     """Check role disjointness by index and by hash; count duplicates inside each source."""
+    hashes = split_hashes(parts) if hashes is None else hashes
     index_roles: Dict[str, Dict[int, set]] = defaultdict(lambda: defaultdict(set))
     hash_roles: Dict[str, set] = defaultdict(set)
     overlaps: List[str] = []
-    source_dups: Dict[str, int] = {}
+    # Rotated/styled copies share an index but not pixels, so source duplicates are counted
+    # per (source, domain): one hash per source row within each domain.
     per_source_hashes: Dict[str, Dict[int, str]] = defaultdict(dict)
     for pname, split, role, s in _roles(parts):
-        hashes = image_hashes(s.images)
-        for i, h in zip(s.index.tolist(), hashes.tolist()):
+        rows = per_source_hashes[f"{s.source}@{parts[pname].domain}"]
+        for i, h in zip(s.index.tolist(), hashes[pname, split].tolist()):
             index_roles[s.source][i].add(role)
             hash_roles[h].add(role)
-        # Rotated/styled copies share an index but not pixels; count source duplicates on
-        # the identity domain only (first participant to use each index).
-        for i, h in zip(s.index.tolist(), hashes.tolist()):
-            per_source_hashes[f"{s.source}@{part_domain(parts, pname)}"].setdefault(i, h)
+            rows.setdefault(i, h)
     for src, rows in index_roles.items():
         bad = [i for i, roles in rows.items() if len(roles) > 1]
         overlaps += [f"{src}#{i}" for i in bad[:10]]
     n_hash_overlap = sum(1 for roles in hash_roles.values() if len(roles) > 1)
-    for key, rows in per_source_hashes.items():
-        values = list(rows.values())
-        source_dups[key] = len(values) - len(set(values))
+    source_dups = {key: len(rows) - len(set(rows.values())) for key, rows in per_source_hashes.items()}
     return {
         "disjoint_by_index": not overlaps,
         "disjoint_by_hash": n_hash_overlap == 0,
@@ -74,8 +84,4 @@ def audit_partition(parts: Dict[str, Participant]) -> dict:
     }
 
 
-def part_domain(parts: Dict[str, Participant], pname: str) -> str:
-    return parts[pname].domain
-
-
-__all__ = ["audit_partition", "drop_leaks", "Split"]
+__all__ = ["audit_partition", "drop_leaks", "split_hashes", "Split"]

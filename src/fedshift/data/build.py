@@ -90,7 +90,7 @@ def build_public(name: str, dataset_dir: Path, out_dir: Path, overrides: Optiona
 
 def partition(name: str, dataset_dirs: Mapping[str, Path], out_dir: Path, overrides: Optional[Mapping] = None) -> dict:
     """Partition scenario ``name`` into participants under ``out_dir`` with an audited manifest."""
-    from .audit import audit_partition, drop_leaks
+    from .audit import audit_partition, drop_leaks, split_hashes
 
     spec = SCENARIOS.get(name, key="scenarios")
     params = resolve_params(spec, overrides, f"scenarios.{name}")
@@ -102,8 +102,9 @@ def partition(name: str, dataset_dirs: Mapping[str, Path], out_dir: Path, overri
             "params/data.yaml and run `dvc repro`"
         )
     parts = spec.build({d: Path(dataset_dirs[d]) for d in needed}, params)
-    removed = drop_leaks(parts)
-    audit = audit_partition(parts)
+    hashes = split_hashes(parts)  # each image hashed once for both checks
+    removed = drop_leaks(parts, hashes)
+    audit = audit_partition(parts, hashes)
     if not audit["disjoint_by_index"] or not audit["disjoint_by_hash"]:
         raise RuntimeError(f"scenario {name!r}: training and evaluation splits overlap: {audit['overlaps'][:5]}")
     audit["eval_samples_removed_as_duplicates"] = removed
