@@ -180,7 +180,7 @@ def build(args, structure: str):
                           Path(args.build) / "public" / args.public if method.uses_public else None, device)
     archs = get_structure(structure).assign(len(data.clients))
     models = build_models(archs, data.num_classes, data.image_shape[0], cfg.norm, args.seed)
-    fed = Federation(data, models, archs, cfg, args.seed, device, progress=lambda m: None)
+    fed = Federation(data, models, archs, cfg, args.seed, device)
     fed.round = 1
     method.setup(fed)
     return fed, method, cfg, archs

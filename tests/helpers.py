@@ -18,6 +18,6 @@ def tiny_federation(root, archs=("lenet", "lenet"), seed=0, **engine):
     parts = ["m0", "m20", "m40", "m60"][: len(archs)]
     data = load_federated(root / "partitions/rotmnist", root / "public/photo_patches", "cpu", parts)
     models = build_models(list(archs), data.num_classes, data.image_shape[0], cfg.norm, seed)
-    fed = Federation(data, models, list(archs), cfg, seed, torch.device("cpu"), progress=lambda m: None)
+    fed = Federation(data, models, list(archs), cfg, seed, torch.device("cpu"))
     fed.round = 1
     return fed

@@ -1,7 +1,7 @@
 """The federation: participants (model + data), the public set, and the round loop.
 
-Knows nothing of MLflow, DVC or Snakemake: it reports through a tracker and a
-progress callback, and returns per-round records. Methods (``fedshift.methods``)
+Knows nothing of MLflow, DVC or Snakemake: it returns per-round records, which the
+runner reports through a tracker. Methods (``fedshift.methods``)
 drive it through a few helpers: :meth:`Federation.public_batches`,
 :meth:`Federation.train_local`, :meth:`Federation.make_optimizer`.
 """
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import sys
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional
 
@@ -76,7 +75,7 @@ LossFn = Callable[[Client, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 class Federation:
     def __init__(self, data: FederatedData, models: List[FedModel], archs: List[str], cfg: EngineConfig,
-                 seed: int, device: torch.device, progress: Optional[Callable[[str], None]] = None):
+                 seed: int, device: torch.device):
         self.data = data
         self.cfg = cfg
         self.device = device
@@ -92,7 +91,6 @@ class Federation:
         self.aug_gen = torch.Generator().manual_seed(seeds[-1])
         self.num_classes = data.num_classes
         self.round = 0
-        self.progress = progress or (lambda msg: print(msg, file=sys.stderr, flush=True))
 
     # ------------------------------------------------------------------ data
     @property
@@ -160,10 +158,13 @@ class Federation:
     def test_sets(self):
         return {c.domain: c.data.get("test") for c in self.clients}
 
-    def evaluate(self) -> List[dict]:
-        """Rows (participant, evaluated domain, top1, top5) + summary (intra/inter) per client."""
+    def evaluate(self, tests: Optional[Dict[str, tuple]] = None) -> List[dict]:
+        """Rows (participant, arch, evaluated domain, intra/inter, top1, top5) for every client.
+
+        ``tests``: domain -> (images, labels); default every client's own test set.
+        """
         rows = []
-        tests = self.test_sets()
+        tests = self.test_sets() if tests is None else tests
         ks = (1, 5)
         for c in self.clients:
             per_dom = evaluate_domains(c.model, tests, ks, self.cfg.eval_batch)

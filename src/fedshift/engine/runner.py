@@ -156,8 +156,6 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     from dataclasses import replace
 
     from ..tracking import NullTracker
-    from .evaluation import evaluate_domains
-
     tracker = tracker or NullTracker()
     pc = PretrainConfig(**cfg["pretrain"])
     device = _setup_torch(pc.device, pc.threads)
@@ -181,10 +179,7 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
         loss = fed.train_local(client, epochs=1, optimizer=opt)
         tracker.log_metrics({f"{client.name}/train/loss": loss}, step=ep)
         if ep % pc.eval_every == 0 or ep == pc.epochs:
-            per_dom = evaluate_domains(model, tests, (1, 5), pc.eval_batch)
-            ep_rows = [{"round": ep, "participant": client.name, "arch": cfg["arch"], "domain": d,
-                        "kind": "intra" if d == client.domain else "inter", "top1": a[1], "top5": a[5]}
-                       for d, a in per_dom.items()]
+            ep_rows = [{**row, "round": ep} for row in fed.evaluate(tests)]
             rows.extend(ep_rows)
             summ = summarise(ep_rows)
             history.append(summ)
