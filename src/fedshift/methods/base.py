@@ -8,7 +8,13 @@ A federated method overrides only the hooks that differ (Flower / FLGo style):
   parameter averaging...); the base class does nothing;
 * ``local_loss(fed, client, x, y, step)``: the batch loss of local updating (CE);
 * ``local_update(fed, r)``: runs local updating for every client;
-* ``after_round(fed, r)``: bookkeeping (teachers, global models).
+* ``after_round(fed, r)``: bookkeeping (teachers, global models);
+* ``state_dict()`` / ``load_state_dict(state)``: every piece of per-method and per-client
+  state that lives across rounds (teachers, previous-round models, snapshots, prototypes,
+  anchors, server models, EMA values...), so an interrupted run resumes bit-identically.
+  Values are tensors, numbers, strings and nested dicts/lists of them (loadable with
+  ``torch.load(weights_only=True)``); the participants' own weights are saved by the
+  engine. The default holds nothing: a stateless method overrides neither.
 
 ``base`` (SOLO/BASE, FCCL+ Tables VIII-IX first row) trains each participant on its
 private data alone: no collaboration.
@@ -64,6 +70,16 @@ class Method:
 
     def after_round(self, fed, r: int) -> None:
         pass
+
+    # -- resumable state -----------------------------------------------------------
+    def state_dict(self) -> Dict[str, Any]:
+        """State that must survive a checkpoint/resume (default: none)."""
+        return {}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore what :meth:`state_dict` returned (called after ``setup``)."""
+        if state:
+            raise ValueError(f"method {self.name!r} keeps no state but the checkpoint holds {sorted(state)}")
 
     def run_round(self, fed, r: int) -> Dict[str, float]:
         """One communication round; returns training metrics (losses) for tracking."""
