@@ -78,4 +78,6 @@ def test_failed_run_leaves_previous_outputs(tiny_data, tmp_path, monkeypatch):
     with pytest.raises(KeyboardInterrupt):
         runner.run_federate(cfg, out)
     assert (out / "metrics.json").read_text() == before
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    # No temporary folder is left; the checkpoint area stays for a rerun to resume (no round finished yet).
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "out.partial"]
+    assert sorted(p.name for p in (tmp_path / "out.partial").iterdir()) == ["job.json"]

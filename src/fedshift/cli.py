@@ -9,9 +9,12 @@
     fedshift collect OUT RUN_DIRS...  (Snakemake rule collect)
     fedshift report RUNS_CSV OUT      (Snakemake rule report)
     fedshift validate                 (check params/*.yaml without running anything)
+    fedshift evaluate RUN_DIR         (re-score a federated run's published models.pt)
 
 Bad input ends with one line ``fedshift: error: <what and what is valid>`` and exit
-status 2, before any long work starts.
+status 2, before any long work starts; a job stopped by a diverged loss or corrupt data
+ends with one line and status 1; a job stopped by SIGTERM/SIGINT keeps its last
+checkpoint (a rerun resumes), marks its MLflow run KILLED and exits with 128 + signal.
 """
 
 from __future__ import annotations
@@ -96,11 +99,19 @@ def cmd_partition(args) -> None:
 
 
 def _job(kind: str, args) -> None:
+    import signal
+
     import yaml
 
-    from .engine import runner
-    from .tracking import git_commit, mlflow_run
+    from .engine import checkpoint, runner
+    from .tracking import Interrupted, git_commit, mlflow_run
 
+    def interrupted(signum, frame):
+        raise Interrupted(signum)
+
+    # Abandon the current step at once: the last checkpoint (end of the previous round) stays on disk.
+    signal.signal(signal.SIGTERM, interrupted)
+    signal.signal(signal.SIGINT, interrupted)
     cfg = yaml.safe_load(Path(args.config).read_text())
     fn = runner.run_pretrain if kind == "pretrain" else runner.run_federate
     if args.no_tracking or os.environ.get("FEDSHIFT_TRACKING", "mlflow") == "none":
@@ -108,9 +119,13 @@ def _job(kind: str, args) -> None:
         return
     from .config import flatten
 
+    # A rerun of the same job (same config hash) continues the MLflow run its checkpoint area names.
+    info = checkpoint.read_job_info(checkpoint.partial_dir(Path(args.out)))
+    resume = info.get("mlflow_run_id") if info.get("config_hash") == checkpoint.config_hash(cfg) else None
     tags = {"fedshift.kind": kind, "git.commit": git_commit(), **{f"wildcard.{k}": str(v) for k, v in cfg["wildcards"].items()}}
-    with mlflow_run(cfg["scenario"], cfg["run_name"], tags) as tracker:
-        tracker.log_params(flatten({k: v for k, v in cfg.items() if k not in ("paths",)}))
+    with mlflow_run(cfg["scenario"], cfg["run_name"], tags, resume_run_id=resume) as tracker:
+        if not tracker.resumed:
+            tracker.log_params(flatten({k: v for k, v in cfg.items() if k not in ("paths",)}))
         fn(cfg, Path(args.out), tracker)
 
 
@@ -138,10 +153,21 @@ def cmd_report(args) -> None:
 
 
 def cmd_validate(args) -> None:
-    from .experiments import load_experiments
+    from .experiments import load_experiments, snakemake_config
 
-    plan = load_experiments(Path(args.experiments), Path(args.data_params))
-    print(f"ok: {len(plan.pretrain)} pretrain and {len(plan.federate)} federate jobs")
+    exp = snakemake_config(Path(args.experiments))
+    plan = load_experiments(exp, Path(exp.pop("data_params", None) or args.data_params))
+    needed = plan.needed_pretrain()
+    print(f"ok: {len(needed)} pretrain and {len(plan.federate)} federate jobs")
+
+
+def cmd_evaluate(args) -> None:
+    from .engine.runner import evaluate_run
+
+    summary = evaluate_run(Path(args.run_dir), device=args.device)
+    for key in sorted(summary):
+        if key.startswith("avg/"):
+            print(f"{key} {summary[key]:.4f}")
 
 
 def main(argv: List[str] | None = None) -> int:
@@ -182,6 +208,11 @@ def main(argv: List[str] | None = None) -> int:
     p.add_argument("--no-tracking", action="store_true")
     p.set_defaults(fn=cmd_report)
 
+    p = sub.add_parser("evaluate", help="re-score a federated run's published models (models.pt)")
+    p.add_argument("run_dir")
+    p.add_argument("--device", default="cpu")
+    p.set_defaults(fn=cmd_evaluate)
+
     p = sub.add_parser("validate", help="check the experiment grid and configs")
     p.add_argument("--experiments", default="params/experiments.yaml")
     p.add_argument("--data-params", default="params/data.yaml")
@@ -189,11 +220,23 @@ def main(argv: List[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from .errors import RunError
+    from .tracking import Interrupted
+
     try:
         args.fn(args)
     except ConfigError as exc:
         print(f"fedshift: error: {exc}", file=sys.stderr)
         return 2
+    except RunError as exc:
+        print(f"fedshift: error: {exc}", file=sys.stderr)
+        return 1
+    except Interrupted as exc:
+        import signal
+
+        print(f"fedshift: stopped by {signal.Signals(exc.signum).name}; the last checkpoint is kept, "
+              "rerun the same command to resume", file=sys.stderr)
+        return 128 + exc.signum
     return 0
 
 

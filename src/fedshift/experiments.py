@@ -15,6 +15,8 @@ the registries and against ``params/data.yaml`` before any job starts; errors ar
 from __future__ import annotations
 
 import itertools
+import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional, Tuple
@@ -25,6 +27,41 @@ from .config import resolve, to_dict
 from .errors import ConfigError
 
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "experiments.schema.yaml"
+WORKFLOW_CONFIG = Path("params/experiments.yaml")  # the Snakefile's `configfile:`
+NAME = re.compile(r"^[a-z][a-z0-9_]*$")  # names that become path parts, wildcards and shell words
+
+
+def check_name(name: Any, where: str) -> None:
+    """A variant, grid or report name must be a plain lowercase identifier (it becomes a folder name
+    and a word in shell commands: ``../x`` would write outside the results tree)."""
+    if not isinstance(name, str) or not NAME.match(name):
+        raise ConfigError(f"{where}: invalid name {name!r}; use a plain lowercase identifier "
+                          "(letters, digits, underscores, starting with a letter)")
+
+
+def deep_merge(base: Mapping, over: Mapping) -> dict:
+    """``over`` merged into ``base`` as Snakemake merges config files (nested mappings extend,
+    every other value, lists included, is replaced)."""
+    out = dict(base)
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = deep_merge(out[k], v)
+        elif isinstance(v, Mapping):
+            out[k] = deep_merge({}, v)
+        else:
+            out[k] = v
+    return out
+
+
+def snakemake_config(configfile: Path, workflow_config: Path = WORKFLOW_CONFIG, replace: bool = False) -> dict:
+    """The config ``snakemake --configfile <configfile>`` runs with: the Snakefile's
+    ``params/experiments.yaml`` with ``configfile`` merged over it (``replace``: the
+    ``--replace-workflow-config`` flag, ``configfile`` alone)."""
+    own = load_yaml(configfile)
+    same = Path(configfile).resolve() == Path(workflow_config).resolve()
+    if replace or same or not Path(workflow_config).exists():
+        return own
+    return deep_merge(load_yaml(workflow_config), own)
 
 
 def load_yaml(path: Path) -> dict:
@@ -94,6 +131,11 @@ class Plan:
     pretrain: Dict[PretrainJob, dict] = field(default_factory=dict)
     report: dict = field(default_factory=dict)
 
+    def needed_pretrain(self) -> Dict[PretrainJob, dict]:
+        """The pretrain jobs the workflow runs: those whose checkpoint a federated job starts from."""
+        used = {p for cfg in self.federate.values() for p in (cfg["paths"]["pretrained"] or [])}
+        return {job: cfg for job, cfg in self.pretrain.items() if any(u.endswith(f"/{job.path}/model.pt") for u in used)}
+
     def federate_config(self, path: str) -> dict:
         for job, cfg in self.federate.items():
             if job.path == path:
@@ -121,8 +163,24 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
     validate_schema(exp)
     enabled_scen = data.get("scenarios") or {}
     enabled_pub = data.get("public") or {}
+    # params/data.yaml keys become words of DVC's shell commands (`fedshift partition ${key}`):
+    # only registered names pass.
+    for d in data.get("datasets") or []:
+        DATASETS.get(d, key="params/data.yaml datasets")
+    for s in enabled_scen:
+        SCENARIOS.get(s, key="params/data.yaml scenarios")
+    for pub in enabled_pub:
+        PUBLIC_SETS.get(pub, key="params/data.yaml public")
+    for s in exp.get("scenario_overrides") or {}:
+        SCENARIOS.get(s, key="scenario_overrides")
+    if (exp.get("report") or {}).get("name") is not None:
+        check_name(exp["report"]["name"], "report.name")
+    for b, block in enumerate(exp["grid"]):
+        if "name" in block:
+            check_name(block["name"], f"grid[{b}].name")
     variants = exp.get("variants") or {}
     for vname, v in variants.items():
+        check_name(vname, f"variants.{vname}")
         if vname in METHODS:
             raise ConfigError(f"variants.{vname}: a variant may not reuse the method name {vname!r}")
         METHODS.get(v["method"], key=f"variants.{vname}.method")
@@ -187,6 +245,14 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
             eng = resolve(EngineConfig, _merge(exp.get("engine"), so.get("engine"), variant.get("engine")),
                           f"engine ({m} on {s})")
             pre = resolve(PretrainConfig, _merge(exp.get("pretrain"), so.get("pretrain")), f"pretrain ({s})")
+            if os.environ.get("FEDSHIFT_SKIP_CUDA_CHECK", "0") != "1":
+                from .engine.config import check_cuda
+
+                for what, dev in ((f"engine ({m} on {s})", eng.device), (f"pretrain ({s})", pre.device)):
+                    try:
+                        check_cuda(dev)
+                    except ValueError as exc:
+                        raise ConfigError(f"{what}.{exc}") from None
             pretrained = None
             for part, arch in zip(participants, archs):
                 pj = PretrainJob(s, part, arch, seed)

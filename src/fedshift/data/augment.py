@@ -1,6 +1,9 @@
 """Batched public-data augmentation (FCCL+ § 4.1), on tensors, on the training device.
 
-* ``weak``: RandomResizedCrop(size, scale=(0.2, 1), ratio=(3/4, 4/3)) + horizontal flip.
+* ``weak``: RandomResizedCrop(size, scale=(0.2, 1), ratio=(3/4, 4/3)) + horizontal flip
+  (the FCCL+ paper text, § 4.1).
+* ``weak_code``: RandomCrop(size, padding=4) + horizontal flip, zero (black) padding: the
+  authors' FCCL+ code that produced the published tables.
 * ``strong``: weak + ColorJitter(0.4, 0.4, 0.4, 0.1) with p = 0.8 + RandomGrayscale(p = 0.2).
 * ``none``: identity.
 
@@ -18,7 +21,7 @@ import torch.nn.functional as F
 
 from ..errors import ConfigError
 
-RECIPES = ("none", "weak", "strong")
+RECIPES = ("none", "weak", "weak_code", "strong")
 
 
 def _crop_flip(x: torch.Tensor, g: torch.Generator, scale=(0.2, 1.0), ratio=(3 / 4, 4 / 3)) -> torch.Tensor:
@@ -40,6 +43,23 @@ def _crop_flip(x: torch.Tensor, g: torch.Generator, scale=(0.2, 1.0), ratio=(3 /
     theta[:, 1, 2] = cy
     grid = F.affine_grid(theta.to(dev, x.dtype), list(x.shape), align_corners=False)
     return F.grid_sample(x, grid, mode="bilinear", padding_mode="reflection", align_corners=False)
+
+
+def _pad_crop_flip(x: torch.Tensor, g: torch.Generator, pad: int = 4) -> torch.Tensor:
+    """RandomCrop(size, padding=pad) + horizontal flip, per sample; padding is black (-1 in [-1, 1])."""
+    b, c, h, w = x.shape
+    dev = x.device
+    xp = F.pad(x, (pad, pad, pad, pad), value=-1.0)
+    oy = torch.randint(0, 2 * pad + 1, (b,), generator=g)
+    ox = torch.randint(0, 2 * pad + 1, (b,), generator=g)
+    flip = torch.rand(b, generator=g) < 0.5
+    cols = torch.arange(w)
+    cols = torch.where(flip[:, None], cols.flip(0), cols)  # a flipped crop reads its columns backwards
+    rows = (oy[:, None] + torch.arange(h)).to(dev)
+    cols = (ox[:, None] + cols).to(dev)
+    bi = torch.arange(b, device=dev)[:, None, None, None]
+    ci = torch.arange(c, device=dev)[None, :, None, None]
+    return xp[bi, ci, rows[:, None, :, None], cols[:, None, None, :]]
 
 
 def _gray(x: torch.Tensor) -> torch.Tensor:
@@ -82,6 +102,8 @@ def augment(x: torch.Tensor, recipe: str, g: torch.Generator) -> torch.Tensor:
         return x
     if recipe not in RECIPES:
         raise ConfigError(f"public_aug: unknown recipe {recipe!r}; valid: {', '.join(RECIPES)}")
+    if recipe == "weak_code":
+        return _pad_crop_flip(x, g)
     y = _crop_flip(x, g)
     if recipe == "strong":
         y01 = (y + 1) / 2

@@ -6,6 +6,7 @@ default says where it comes from. ``params/experiments.yaml`` overrides them.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal, Optional
 
@@ -23,7 +24,13 @@ class EngineConfig:
     weight_decay: float = 1e-5  # authors' code, local updating only
     momentum: float = 0.9  # SGD only
     lr_decay: bool = False  # authors' code decays both rates as lr * (1 - 0.9 t / T); off = paper
-    public_aug: Literal["none", "weak", "strong"] = "weak"  # FCCL+ § 4.1 / Table XIII recipes
+    # FCCL+ § 4.1 / Table XIII recipes. "weak" = the paper text (RandomResizedCrop(0.2-1) + flip);
+    # "weak_code" = the authors' FCCL+ code that produced the tables (RandomCrop(32, padding 4) + flip).
+    # The default stays the paper text's recipe: it is what § 4.1 and Table XIII describe.
+    public_aug: Literal["none", "weak", "weak_code", "strong"] = "weak"
+    # Keep the last, partial public batch (the authors' FCCL+ code: a DataLoader without drop_last);
+    # true drops it. A last batch of one sample is always dropped (BatchNorm cannot train on it).
+    public_drop_last: bool = False
     norm: Literal["default", "batch", "group", "none"] = "default"  # "default": each model's own (papers' choice)
     channels_last: bool = False  # NHWC weights: same maths (float rounding aside), 1.1-1.6x faster CNN training here (benchmarks/)
     eval_every: int = 1  # evaluate every k rounds (the last round always)
@@ -32,6 +39,10 @@ class EngineConfig:
     device: str = "auto"  # "auto" = CUDA when available, else CPU; or "cpu", "cuda", "cuda:1"
     deterministic: bool = False  # torch.use_deterministic_algorithms (slower on GPU)
     threads: Optional[int] = None  # torch intra-op threads (None: torch's default)
+    checkpoint_every: int = 1  # write a resumable checkpoint every k rounds (0: never); see engine/checkpoint.py
+    # A non-finite loss or weight: "fail" stops the job naming method, participant, round and loss term;
+    # "skip_batch" skips the optimiser step of a batch whose loss is not finite (counted in metrics.json).
+    on_nonfinite: Literal["fail", "skip_batch"] = "fail"
 
     def __post_init__(self):
         for key in ("rounds", "local_batch", "public_batch", "eval_every", "eval_batch", "last_k"):
@@ -39,6 +50,11 @@ class EngineConfig:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
         if self.local_epochs < 0 or self.public_epochs < 0:
             raise ValueError("local_epochs and public_epochs must be >= 0")
+        check_common(self)
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}")
+        if self.public_lr < 0:
+            raise ValueError(f"public_lr must be >= 0, got {self.public_lr}")
 
     def lr_at(self, base: float, round_index: int) -> float:
         """Learning rate of round ``round_index`` (0-based) under the optional linear decay."""
@@ -60,3 +76,47 @@ class PretrainConfig:
     eval_batch: int = 2048
     device: str = "auto"
     threads: Optional[int] = None
+    checkpoint_every: int = 1  # write a resumable checkpoint every k epochs (0: never)
+
+    def __post_init__(self):
+        for key in ("epochs", "batch", "eval_every", "eval_batch"):
+            if getattr(self, key) < 1:
+                raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        check_common(self)
+        if self.checkpoint_every < 0:
+            raise ValueError(f"checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}")
+
+
+DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+def check_device(spec: str) -> None:
+    """``auto``, ``cpu``, ``mps``, ``cuda`` or ``cuda:<index>`` (the form only; see :func:`check_cuda`)."""
+    if not isinstance(spec, str) or not DEVICE_RE.match(spec):
+        raise ValueError(f"device: invalid value {spec!r}; valid: auto, cpu, cuda, cuda:<index>, mps")
+
+
+def check_cuda(spec: str) -> None:
+    """Raise when ``spec`` asks for a CUDA device this machine does not have."""
+    if not spec.startswith("cuda"):
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        raise ValueError(f"device: {spec!r} asks for CUDA, but torch finds no CUDA device here; use auto or cpu "
+                         "(on a cluster head without GPUs set FEDSHIFT_SKIP_CUDA_CHECK=1)")
+    index = int(spec.split(":")[1]) if ":" in spec else 0
+    if index >= torch.cuda.device_count():
+        raise ValueError(f"device: {spec!r} names CUDA device {index}, but only {torch.cuda.device_count()} "
+                         f"exist (cuda:0..cuda:{torch.cuda.device_count() - 1})")
+
+
+def check_common(cfg) -> None:
+    """Checks shared by the engine and pretraining settings (device, learning rate, threads)."""
+    check_device(cfg.device)
+    if cfg.lr < 0:
+        raise ValueError(f"lr must be >= 0, got {cfg.lr}")
+    if cfg.weight_decay < 0:
+        raise ValueError(f"weight_decay must be >= 0, got {cfg.weight_decay}")
+    if cfg.threads is not None and cfg.threads < 1:
+        raise ValueError(f"threads must be >= 1 (or null: torch's default), got {cfg.threads}")

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 
 from ..data.augment import augment
 from ..data.loading import ClientData, FederatedData, normalize
+from ..errors import NonFiniteError
 from ..models import FedModel
 from .config import EngineConfig
 from .evaluation import evaluate_domains, intra_inter
@@ -91,6 +92,51 @@ class Federation:
         self.aug_gen = torch.Generator().manual_seed(seeds[-1])
         self.num_classes = data.num_classes
         self.round = 0
+        self.method_name = "?"  # set by the runner; named in non-finite-loss errors
+        self.skipped_batches = 0  # optimiser steps skipped for a non-finite loss (on_nonfinite: skip_batch)
+
+    # ------------------------------------------------------------ resumable RNG
+    def rng_state(self) -> Dict[str, object]:
+        """State of every torch/numpy generator the federation and its clients own (found by walking
+        their attributes, so generators added later are included without listing them here)."""
+        from .checkpoint import generator_states
+
+        return generator_states(self)
+
+    def set_rng_state(self, state: Dict[str, object]) -> None:
+        from .checkpoint import set_generator_states
+
+        set_generator_states(self, state)
+
+    # ------------------------------------------------------- non-finite values
+    def nonfinite(self, participant: str, term: str, what: str = "loss") -> NonFiniteError:
+        return NonFiniteError(
+            f"non-finite {what} in method {self.method_name}, participant {participant}, round {self.round}, "
+            f"term {term} (engine.on_nonfinite: fail; lower the learning rate, or set on_nonfinite: skip_batch)")
+
+    def step_ok(self, loss: torch.Tensor, participant: str, term: str) -> bool:
+        """With ``on_nonfinite: skip_batch``: False (and counted) when ``loss`` is not finite, so the
+        caller skips the optimiser step. With ``fail`` always True (no host sync per batch): the
+        per-call totals are checked by :meth:`check_total`, the round's metrics and weights by the runner."""
+        if self.cfg.on_nonfinite != "skip_batch":
+            return True
+        if bool(torch.isfinite(loss.detach()).all()):
+            return True
+        self.skipped_batches += 1
+        return False
+
+    def check_total(self, value: float, participant: str, term: str) -> None:
+        if not np.isfinite(value) and self.cfg.on_nonfinite == "fail":
+            raise self.nonfinite(participant, term)
+
+    def check_weights(self) -> None:
+        """Fail when any participant's parameters or buffers hold NaN/inf (whatever on_nonfinite says)."""
+        for c in self.clients:
+            tensors = [t for t in c.model.state_dict().values() if torch.is_floating_point(t)]
+            if tensors and not bool(torch.stack([t.isfinite().all() for t in tensors]).all()):
+                bad = next(k for k, t in c.model.state_dict().items()
+                           if torch.is_floating_point(t) and not bool(t.isfinite().all()))
+                raise self.nonfinite(c.name, bad, "weight")
 
     # ------------------------------------------------------------------ data
     @property
@@ -98,17 +144,23 @@ class Federation:
         return len({c.arch for c in self.clients}) == 1
 
     def public_batches(self, batch: Optional[int] = None, epochs: Optional[int] = None,
-                       aug: Optional[str] = None, drop_last: bool = True) -> Iterator[torch.Tensor]:
-        """Shuffled, normalised, augmented public batches for one collaborative step."""
+                       aug: Optional[str] = None, drop_last: Optional[bool] = None) -> Iterator[torch.Tensor]:
+        """Shuffled, normalised, augmented public batches for one collaborative step.
+
+        ``drop_last`` (default ``engine.public_drop_last``) drops the last partial batch; a
+        last batch of a single sample is dropped either way (BatchNorm cannot train on it).
+        """
         if self.data.public is None:
             raise RuntimeError("this method needs a public set but the run has none")
         pub = self.data.public
         batch = batch or self.cfg.public_batch
         batch = min(batch, len(pub))
         aug = self.cfg.public_aug if aug is None else aug
+        drop_last = self.cfg.public_drop_last if drop_last is None else drop_last
+        rest = len(pub) % batch
         for _ in range(self.cfg.public_epochs if epochs is None else epochs):
             order = torch.randperm(len(pub), generator=self.public_gen).to(pub.device)
-            stop = len(pub) - (len(pub) % batch if drop_last else 0)
+            stop = len(pub) - (rest if drop_last or rest == 1 else 0)
             for start in range(0, stop, batch):
                 x = normalize(pub[order[start:start + batch]])
                 yield augment(x, aug, self.aug_gen)
@@ -147,12 +199,16 @@ class Federation:
         for _ in range(epochs):
             for x, y in self.private_batches(client, split=split):
                 loss = loss_fn(client, x, y, steps) if loss_fn else F.cross_entropy(model(x), y)
+                if not self.step_ok(loss, client.name, "local_loss"):
+                    continue
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
                 total += loss.detach()
                 steps += 1
-        return float(total / max(steps, 1))
+        mean = float(total / max(steps, 1))
+        self.check_total(mean, client.name, "local_loss")
+        return mean
 
     # ----------------------------------------------------------- evaluation
     def test_sets(self):

@@ -7,7 +7,15 @@ take for finished. Outputs (the source of truth for Snakemake and the report):
 * ``metrics.json``: headline numbers (mean of the last ``last_k`` evaluated rounds);
 * ``rounds.csv``: one row per (round, participant, evaluated domain) with top-1/top-5;
 * ``config.yaml``: the resolved config (also an MLflow artifact);
-* ``model.pt`` (pretraining) - the checkpoint federated methods start from.
+* ``model.pt`` (pretraining) - the checkpoint federated methods start from;
+* ``models.pt`` (federated runs) - every participant's final weights (weights only), so a
+  result can be re-scored without retraining (``fedshift evaluate RUN_DIR``).
+
+Every job checkpoints itself every ``checkpoint_every`` rounds/epochs into
+``<out_dir>.partial/`` (see :mod:`fedshift.engine.checkpoint`); a rerun of the same
+job resumes from there and ends bit-identical on the CPU. Before training, the job
+checks that its results folder is writable and that the partition and public files
+match their manifests' sha256 and label ranges.
 """
 
 from __future__ import annotations
@@ -25,7 +33,8 @@ from ..data import store
 from ..data.loading import load_federated
 from ..errors import ConfigError
 from ..models import create_model
-from .config import EngineConfig, PretrainConfig
+from . import checkpoint
+from .config import EngineConfig, PretrainConfig, check_cuda
 from .federation import Federation, derive_seeds, resolve_device, summarise
 
 log = logging.getLogger(__name__)
@@ -49,6 +58,10 @@ def headline(history: List[Dict[str, float]], last_k: int) -> Dict[str, float]:
 
 
 def _setup_torch(device_spec: str, threads: Optional[int], deterministic: bool = False) -> torch.device:
+    try:
+        check_cuda(device_spec)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     torch.set_flush_denormal(True)  # denormal floats in late training slow CPU kernels by orders of magnitude
     if threads:
         torch.set_num_threads(threads)
@@ -76,6 +89,54 @@ def load_checkpoint(model: torch.nn.Module, path: Path, arch: str) -> None:
     model.load_state_dict(ckpt["state_dict"])
 
 
+def check_writable(out_dir: Path) -> None:
+    """Fail before training when the results folder (and its checkpoint area) cannot be written."""
+    import tempfile
+
+    parent = Path(out_dir).parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as exc:
+        raise ConfigError(f"results folder {parent} is not writable ({exc.strerror}); "
+                          "fix its permissions or free space before running the job") from None
+
+
+def verify_inputs(folders: List[Path]) -> float:
+    """sha256 of every partition/public file against its manifest (once per job); returns seconds."""
+    t = time.time()
+    for folder in folders:
+        try:
+            store.verify_manifest(folder)
+        except ConfigError as exc:
+            raise ConfigError(f"{exc}; rebuild it with `dvc repro`") from None
+    return time.time() - t
+
+
+def check_labels(data) -> None:
+    """Every private/val/test label lies in [0, num_classes)."""
+    for c in data.clients:
+        for split, (_, y) in c.splits.items():
+            if len(y) and (int(y.min()) < 0 or int(y.max()) >= data.num_classes):
+                raise ConfigError(f"participant {c.name!r} split {split!r}: labels span {int(y.min())}..{int(y.max())}, "
+                                  f"outside 0..{data.num_classes - 1}; rebuild the partition with `dvc repro`")
+
+
+def _check_metrics(fed, metrics: Dict[str, float]) -> None:
+    """A non-finite training metric (``<participant>/train/<term>``) stops the job."""
+    import math
+
+    for key, v in metrics.items():
+        if isinstance(v, float) and not math.isfinite(v) and fed.cfg.on_nonfinite == "fail":
+            part, _, term = key.partition("/train/")
+            raise fed.nonfinite(part if term else "?", term or key)
+
+
+def _torch_rng() -> Dict[str, Any]:
+    return checkpoint.global_rng_state()
+
+
 class _Progress:
     def __init__(self, label: str, total: int):
         self.label, self.total, self.t0 = label, total, time.time()
@@ -87,31 +148,43 @@ class _Progress:
 
 
 def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, Any]:
-    """Run a federated job described by a resolved config (see ``fedshift.experiments``)."""
+    """Run a federated job described by a resolved config (see ``fedshift.experiments``).
+
+    Resumes from ``<out_dir>.partial/checkpoint.pt`` when it belongs to the same config.
+    """
     from ..methods import create_method
     from ..tracking import NullTracker
 
     tracker = tracker or NullTracker()
+    out_dir = Path(out_dir)
+    check_writable(out_dir)
     eng = EngineConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg["engine"].items()})
     device = _setup_torch(eng.device, eng.threads, eng.deterministic)
     seed = int(cfg["seed"])
     torch.manual_seed(seed)
     method = create_method(cfg["base_method"], cfg["method_params"], cfg["scenario"], f"methods.{cfg['method']}")
-    data = load_federated(Path(cfg["paths"]["partition"]),
-                          Path(cfg["paths"]["public"]) if method.uses_public and cfg["paths"].get("public") else None,
-                          device, cfg.get("participants"))
+    public_dir = Path(cfg["paths"]["public"]) if method.uses_public and cfg["paths"].get("public") else None
+    verify_s = verify_inputs([Path(cfg["paths"]["partition"])] + ([public_dir] if public_dir else []))
+    data = load_federated(Path(cfg["paths"]["partition"]), public_dir, device, cfg.get("participants"))
+    check_labels(data)
     archs = cfg["archs"]
     models = build_models(archs, data.num_classes, data.image_shape[0], eng.norm, seed)
     if getattr(method.p, "init", "scratch") == "base":
         for m, a, ck in zip(models, archs, cfg["paths"]["pretrained"]):
             load_checkpoint(m, Path(ck), a)
     fed = Federation(data, models, archs, eng, seed, device)
+    fed.method_name = cfg["method"]
     method.setup(fed)
     tracker.set_tags({f"data.{k}": v for k, v in data.manifests.items()})
+    cfg_hash = checkpoint.config_hash(cfg)
+    partial = checkpoint.partial_dir(out_dir)
+    checkpoint.write_job_info(partial, cfg_hash, getattr(tracker, "run_id", None))
+    ckpt = checkpoint.load(partial, cfg_hash) if eng.checkpoint_every else None
     prog = _Progress(cfg["run_name"], eng.rounds)
     all_rows: List[dict] = []
     history: List[Dict[str, float]] = []
-    timings = {"train_s": 0.0, "eval_s": 0.0}
+    timings = {"train_s": 0.0, "eval_s": 0.0, "checkpoint_s": 0.0, "verify_s": verify_s}
+    resumed: List[int] = []
 
     def evaluate(r: int):
         t = time.time()
@@ -124,26 +197,51 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
         tracker.log_metrics(summ, step=r)
         return summ
 
-    evaluate(0)
-    for r in range(1, eng.rounds + 1):
+    start = 1
+    if ckpt is not None:
+        checkpoint.restore_federation(fed, method, ckpt)
+        all_rows, history = ckpt["rows"], ckpt["history"]
+        timings.update({k: v for k, v in ckpt["timings"].items() if k != "verify_s"})
+        resumed = ckpt["resumed"] + [ckpt["round"]]
+        start = ckpt["round"] + 1
+        log.info("resuming %s after round %d from %s", cfg["run_name"], ckpt["round"], partial)
+    else:
+        evaluate(0)
+    for r in range(start, eng.rounds + 1):
         fed.round = r
         t = time.time()
         train_metrics = method.run_round(fed, r)
         timings["train_s"] += time.time() - t
+        _check_metrics(fed, train_metrics)
+        fed.check_weights()
         tracker.log_metrics(train_metrics, step=r)
         if r % eng.eval_every == 0 or r == eng.rounds:
             summ = evaluate(r)
             history.append(summ)
             prog(r, f"inter top1 {summ['avg/inter/top1']:.3f} intra top1 {summ['avg/intra/top1']:.3f}")
+        if eng.checkpoint_every and r % eng.checkpoint_every == 0 and r < eng.rounds:
+            t = time.time()
+            size = checkpoint.save(partial, {
+                "config_hash": cfg_hash, "round": r, "run_id": getattr(tracker, "run_id", None),
+                **checkpoint.federation_state(fed, method),
+                "rows": all_rows, "history": history, "timings": timings, "resumed": resumed})
+            timings["checkpoint_s"] += time.time() - t
+            timings["checkpoint_bytes"] = size
     metrics = {
         "run": cfg["run_name"],
         "headline": headline(history, eng.last_k),
         "last_rounds": eng.last_k,
         "final": history[-1],
-        "timings": timings,
+        "timings": {**timings, "resumed_after_rounds": resumed},
         "device": str(device),
+        "skipped_batches": fed.skipped_batches,
     }
-    _write_outputs(out_dir, cfg, metrics, all_rows, tracker, extra=getattr(method, "artifacts", None))
+    models_pt = {"participants": {c.name: {"arch": c.arch, "state_dict": checkpoint.module_state(c.model)}
+                                  for c in fed.clients},
+                 "scenario": cfg["scenario"], "run": cfg["run_name"]}
+    _write_outputs(out_dir, cfg, metrics, all_rows, tracker, extra=getattr(method, "artifacts", None),
+                   models=models_pt)
+    checkpoint.clear(partial)
     return metrics
 
 
@@ -152,15 +250,20 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
 
     The model is initialised exactly as a federated run with the same seed initialises
     that participant, so "scratch" and "base" starts differ only by the pretraining.
+    Checkpointed every ``pretrain.checkpoint_every`` epochs (model, optimiser, RNG).
     """
     from dataclasses import replace
 
     from ..tracking import NullTracker
     tracker = tracker or NullTracker()
+    out_dir = Path(out_dir)
+    check_writable(out_dir)
     pc = PretrainConfig(**cfg["pretrain"])
     device = _setup_torch(pc.device, pc.threads)
     seed = int(cfg["seed"])
+    verify_s = verify_inputs([Path(cfg["paths"]["partition"])])
     data = load_federated(Path(cfg["paths"]["partition"]), None, device)
+    check_labels(data)
     if cfg["participant"] not in data.names:
         raise ConfigError(f"participant {cfg['participant']!r} not in scenario {cfg['scenario']!r}: {data.names}")
     idx = data.names.index(cfg["participant"])
@@ -170,13 +273,29 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
                        device=pc.device, last_k=1)
     own = replace(data, clients=[data.clients[idx]])
     fed = Federation(own, [model], [cfg["arch"]], eng, seed, device)
+    fed.method_name = "pretrain"
     client = fed.clients[0]
     tests = {c.domain: c.get("test") for c in data.clients}  # evaluated on every domain
     opt = fed.make_optimizer(model, "local")  # one optimiser over all epochs: plain supervised training
+    cfg_hash = checkpoint.config_hash(cfg)
+    partial = checkpoint.partial_dir(out_dir)
+    checkpoint.write_job_info(partial, cfg_hash, getattr(tracker, "run_id", None))
+    ckpt = checkpoint.load(partial, cfg_hash) if pc.checkpoint_every else None
     prog = _Progress(cfg["run_name"], pc.epochs)
     rows, history = [], []
-    for ep in range(1, pc.epochs + 1):
+    timings = {"checkpoint_s": 0.0, "verify_s": verify_s}
+    start = 1
+    if ckpt is not None:
+        model.load_state_dict(ckpt["models"][0])
+        opt.load_state_dict(ckpt["optimizer"])
+        fed.set_rng_state(ckpt["rng"]["federation"])
+        checkpoint.set_global_rng_state(ckpt["rng"]["global"])
+        rows, history, start = ckpt["rows"], ckpt["history"], ckpt["round"] + 1
+        log.info("resuming %s after epoch %d from %s", cfg["run_name"], ckpt["round"], partial)
+    for ep in range(start, pc.epochs + 1):
+        fed.round = ep
         loss = fed.train_local(client, epochs=1, optimizer=opt)
+        fed.check_weights()
         tracker.log_metrics({f"{client.name}/train/loss": loss}, step=ep)
         if ep % pc.eval_every == 0 or ep == pc.epochs:
             ep_rows = [{**row, "round": ep} for row in fed.evaluate(tests)]
@@ -185,14 +304,24 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
             history.append(summ)
             tracker.log_metrics(summ, step=ep)
             prog(ep, f"loss {loss:.3f} intra top1 {summ['avg/intra/top1']:.3f} inter top1 {summ['avg/inter/top1']:.3f}")
-    metrics = {"run": cfg["run_name"], "headline": headline(history, 1), "final": history[-1], "device": str(device)}
+        if pc.checkpoint_every and ep % pc.checkpoint_every == 0 and ep < pc.epochs:
+            t = time.time()
+            timings["checkpoint_bytes"] = checkpoint.save(partial, {
+                "config_hash": cfg_hash, "round": ep, "run_id": getattr(tracker, "run_id", None),
+                "models": [checkpoint.module_state(model)], "optimizer": checkpoint.to_cpu(opt.state_dict()),
+                "rng": {"federation": fed.rng_state(), "global": _torch_rng()},
+                "rows": rows, "history": history})
+            timings["checkpoint_s"] += time.time() - t
+    metrics = {"run": cfg["run_name"], "headline": headline(history, 1), "final": history[-1], "device": str(device),
+               "timings": timings}
     ckpt = {"arch": cfg["arch"], "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
             "participant": client.name, "scenario": cfg["scenario"], "seed": seed}
     _write_outputs(out_dir, cfg, metrics, rows, tracker, checkpoint=ckpt)
+    checkpoint.clear(partial)
     return metrics
 
 
-def _write_outputs(out_dir: Path, cfg, metrics, rows, tracker, checkpoint=None, extra=None) -> None:
+def _write_outputs(out_dir: Path, cfg, metrics, rows, tracker, checkpoint=None, extra=None, models=None) -> None:
     import yaml
 
     out_dir = Path(out_dir)
@@ -201,10 +330,36 @@ def _write_outputs(out_dir: Path, cfg, metrics, rows, tracker, checkpoint=None, 
         write_rounds_csv(tmp / "rounds.csv", rows)
         if checkpoint is not None:
             torch.save(checkpoint, tmp / "model.pt")
+        if models is not None:
+            torch.save(models, tmp / "models.pt")
         if extra:
             extra(tmp)
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
         for name in ("config.yaml", "metrics.json", "rounds.csv"):
             tracker.log_artifact(tmp / name)
-        for p in sorted(tmp.glob("*.png")) + sorted(tmp.glob("*.npz")):
+        for p in sorted(tmp.glob("*.png")) + sorted(tmp.glob("*.npz")) + sorted(tmp.glob("models.pt")):
             tracker.log_artifact(p)
+
+
+def evaluate_run(run_dir: Path, device: str = "cpu") -> Dict[str, float]:
+    """Re-score a federated run from its published ``models.pt`` (no training): the summary of
+    every participant on every domain's test set (the last row block of ``rounds.csv``)."""
+    import yaml
+
+    run_dir = Path(run_dir)
+    path = run_dir / "models.pt"
+    if not (run_dir / "config.yaml").exists() or not path.exists():
+        raise ConfigError(f"{run_dir} holds no config.yaml + models.pt; give a finished federated run folder "
+                          "(results/federate/<scenario>/<public>/<method>/<structure>/seed<n>)")
+    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    saved = torch.load(path, map_location="cpu", weights_only=True)["participants"]
+    eng = EngineConfig(**{**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg["engine"].items()},
+                          "device": device})
+    dev = _setup_torch(device, eng.threads)
+    data = load_federated(Path(cfg["paths"]["partition"]), None, dev, cfg.get("participants"))
+    archs = [saved[name]["arch"] for name in data.names]
+    models = build_models(archs, data.num_classes, data.image_shape[0], eng.norm, int(cfg["seed"]))
+    for m, name in zip(models, data.names):
+        m.load_state_dict(saved[name]["state_dict"])
+    fed = Federation(data, models, archs, eng, int(cfg["seed"]), dev)
+    return summarise(fed.evaluate())

@@ -45,7 +45,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Literal, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -242,6 +242,38 @@ class FCCL(AveragingMethod):
             loss = loss + self.p.lambda_loc * fccl_dual_distillation_loss(logits, prev, pre, self.p.tau)
         return loss
 
+    # ---------------------------------------------------------- resumable state
+    SNAPSHOTS = ("prev", "pretrained", "collaborated")  # frozen per-participant copies kept across rounds
+
+    def state_dict(self) -> Dict[str, Any]:
+        """Teachers (theta^{t-1}, theta^*, theta^e), EWC Fisher, the recorded Fig. 5 matrices and
+        the public optimisers (see :class:`AveragingMethod`)."""
+        clients = {}
+        for c in self._fed.clients:
+            st: Dict[str, Any] = {k: c.state[k].state_dict() for k in self.SNAPSHOTS if c.state.get(k) is not None}
+            if "ewc" in c.state:
+                st["ewc_fisher"] = list(c.state["ewc"][1])
+            clients[c.name] = st
+        corr = {str(r): {k: torch.from_numpy(v) for k, v in m.items()} for r, m in self._corr.items()}
+        return {**super().state_dict(), "clients": clients, "corr": corr}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        super().load_state_dict(state)
+        for c in self._fed.clients:
+            st = state["clients"][c.name]
+            for k in self.SNAPSHOTS:
+                if k in st:
+                    if c.state.get(k) is None:
+                        c.state[k] = frozen_copy(c.model)
+                    c.state[k].load_state_dict(st[k])
+            c.state["teacher"] = c.state["prev"]  # reassigned by local_update each round
+            if "ewc_fisher" in st:
+                # The EWC anchor is theta^{e-1} itself (its parameters, as _update_ewc takes them).
+                names = [n for n, q in c.model.named_parameters() if q.requires_grad]
+                prev = dict(c.state["prev"].named_parameters())
+                c.state["ewc"] = ([prev[n] for n in names], [f.to(fed_device(c)) for f in st["ewc_fisher"]])
+        self._corr = {int(r): {k: v.numpy() for k, v in m.items()} for r, m in state["corr"].items()}
+
     # ------------------------------------------------ cross-correlation figure
     def after_round(self, fed, r: int) -> None:
         k = self.p.corr_every
@@ -259,6 +291,10 @@ class FCCL(AveragingMethod):
                             private=np.stack([self._corr[r]["private"] for r in rounds]))
         draw_correlations(self._corr, self._corr_names, Path(out_dir) / "cross_correlation.png",
                           f"{self.name}: cross-correlation with the others' mean (FCCL+ Fig. 8)")
+
+
+def fed_device(c) -> torch.device:
+    return next(c.model.parameters()).device
 
 
 def correlation_matrices(fed, samples: int) -> Dict[str, np.ndarray]:

@@ -60,10 +60,13 @@ class FedMD(Method):
                     if len(sel) < 2:
                         continue
                     loss = fedmd_digest_loss(c.model(normalize(x_all[sel])), consensus[sel], self.p.digest_loss)
+                    if not fed.step_ok(loss, c.name, "digest_loss"):
+                        continue
                     opt.zero_grad(set_to_none=True)
                     loss.backward()
                     opt.step()
                     total += loss.detach()
                     steps += 1
             metrics[f"{c.name}/train/digest_loss"] = float(total / max(steps, 1))
+            fed.check_total(metrics[f"{c.name}/train/digest_loss"], c.name, "digest_loss")
         return metrics

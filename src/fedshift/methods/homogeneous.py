@@ -29,7 +29,7 @@ and ``fresh_optimizer`` (used by
 
 from __future__ import annotations
 
-from typing import Callable, ClassVar, Dict, List, Optional
+from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional
 
 import torch
 from torch import Tensor
@@ -78,6 +78,7 @@ class AveragingMethod(Method):
         The authors' code does so in homogeneous mode whatever the start (random or
         BASE); averaging independent initialisations would shrink the weights.
         """
+        self._fed = fed
         self._public_opts: Dict[str, torch.optim.Optimizer] = {}
         self.averaging = averaging_position(self.p.homogeneous_averaging, fed.homogeneous, self.paper_averaging,
                                             self.name)
@@ -86,6 +87,17 @@ class AveragingMethod(Method):
 
     def setup(self, fed) -> None:
         self.setup_averaging(fed)
+
+    def state_dict(self) -> Dict[str, Any]:
+        """The public-phase optimisers' states (Adam moments persist when ``fresh_optimizer`` is false)."""
+        return {"public_opts": {name: opt.state_dict() for name, opt in self._public_opts.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        by_name = {c.name: c for c in self._fed.clients}
+        self._public_opts = {}
+        for name, sd in state["public_opts"].items():
+            opt = self._public_opts[name] = self._fed.make_optimizer(by_name[name].model, "public")
+            opt.load_state_dict(sd)
 
     def average(self, fed) -> None:
         average_models(fed.clients, self.p.averaging_weights)
@@ -124,6 +136,8 @@ class AveragingMethod(Method):
         steps = 0
         for xb in fed.public_batches():
             for i, (c, loss) in enumerate(zip(clients, batch_losses(xb))):
+                if not fed.step_ok(loss, c.name, key):
+                    continue
                 opt = self.public_optimizer(fed, c)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
@@ -131,6 +145,8 @@ class AveragingMethod(Method):
                 totals[i] += loss.detach()
             steps += 1
         means = (totals / max(steps, 1)).tolist()
+        for c, v in zip(clients, means):
+            fed.check_total(v, c.name, key)
         return {f"{c.name}/train/{key}": v for c, v in zip(clients, means)}
 
     def run_round(self, fed, r: int) -> Dict[str, float]:

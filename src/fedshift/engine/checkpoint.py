@@ -1,0 +1,215 @@
+"""Checkpoints that let an interrupted job resume and end bit-identical to an uninterrupted one.
+
+Where: ``<out_dir>.partial/`` beside the job's output folder (e.g.
+``results/federate/rotmnist/.../seed0.partial/``). It is deliberately *not* inside
+the output folder: Snakemake deletes a failed job's declared outputs (and files it
+marked incomplete) before re-running it, and the final atomic rename of the output
+folder would otherwise publish it. The folder holds
+
+* ``checkpoint.pt``: the last complete round/epoch (written to a temporary name, then
+  renamed, so a kill while writing leaves the previous checkpoint intact);
+* ``job.json``: the config hash and the MLflow run id, written when the job starts,
+  so a rerun continues the same MLflow run even if it was killed before its first
+  checkpoint.
+
+A checkpoint is only used when the hash of the job's resolved config is unchanged; a
+changed config starts afresh (and the stale folder is removed). A successful job
+removes the folder after publishing its outputs. Everything is loaded with
+``torch.load(weights_only=True)``: only tensors, numbers, strings and containers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+from pathlib import Path
+from typing import Any, Dict, Mapping, Optional
+
+import numpy as np
+import torch
+
+log = logging.getLogger(__name__)
+
+CHECKPOINT = "checkpoint.pt"
+JOB = "job.json"
+FORMAT = 1  # bump when the checkpoint layout changes (an old checkpoint then starts afresh)
+
+
+def partial_dir(out_dir: Path) -> Path:
+    """``<out_dir>.partial``: the job's checkpoint area (see the module docstring)."""
+    out_dir = Path(out_dir)
+    return out_dir.parent / f"{out_dir.name}.partial"
+
+
+def config_hash(cfg: Mapping[str, Any]) -> str:
+    """sha256 of the resolved config (canonical JSON): equal hashes = the same job."""
+    text = json.dumps(cfg, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+# ---------------------------------------------------------------------------- RNG states
+def global_rng_state() -> Dict[str, Any]:
+    """torch (CPU and every CUDA device), numpy's legacy global and Python's ``random`` states."""
+    np_state = np.random.get_state()
+    state = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"name": np_state[0], "keys": torch.from_numpy(np_state[1].astype(np.int64)),
+                  "pos": int(np_state[2]), "has_gauss": int(np_state[3]), "gauss": float(np_state[4])},
+        "python": _to_lists(random.getstate()),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_global_rng_state(state: Mapping[str, Any]) -> None:
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["name"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    random.setstate(_to_tuples(state["python"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _to_lists(x):
+    return [_to_lists(v) for v in x] if isinstance(x, (list, tuple)) else x
+
+
+def _to_tuples(x):
+    return tuple(_to_tuples(v) for v in x) if isinstance(x, (list, tuple)) else x
+
+
+def find_generators(obj: Any, prefix: str, out: Dict[str, Any], depth: int = 3) -> Dict[str, Any]:
+    """Every ``torch.Generator`` / ``numpy.random.Generator`` reachable from ``obj``'s attributes,
+    dicts and lists (``depth`` levels), keyed by its path (``clients.0.generator``).
+
+    Walking the objects, instead of listing generators by name, includes generators
+    that helpers add later (client sampling, dropout streams) without touching this code.
+    Modules, tensors and datasets are not entered.
+    """
+    if isinstance(obj, (torch.Generator, np.random.Generator)):
+        out[prefix] = obj
+        return out
+    if depth < 0 or isinstance(obj, (torch.Tensor, torch.nn.Module, np.ndarray, str, bytes, int, float)):
+        return out
+    if isinstance(obj, Mapping):
+        items = obj.items()
+    elif isinstance(obj, (list, tuple)):
+        items = enumerate(obj)
+    elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+        items = vars(obj).items()
+    else:
+        return out
+    for k, v in items:
+        find_generators(v, f"{prefix}.{k}" if prefix else str(k), out, depth - 1)
+    return out
+
+
+def generator_states(root: Any, skip=("data",)) -> Dict[str, Any]:
+    """State of every generator reachable from ``root`` (see :func:`find_generators`)."""
+    gens = {}
+    for k, v in vars(root).items():
+        if k not in skip:
+            find_generators(v, k, gens)
+    return {k: (g.get_state() if isinstance(g, torch.Generator) else _np_gen_state(g)) for k, g in gens.items()}
+
+
+def set_generator_states(root: Any, states: Mapping[str, Any], skip=("data",)) -> None:
+    gens = {}
+    for k, v in vars(root).items():
+        if k not in skip:
+            find_generators(v, k, gens)
+    if set(gens) != set(states):
+        raise ValueError(f"checkpoint generators {sorted(states)} differ from the job's {sorted(gens)}")
+    for k, g in gens.items():
+        if isinstance(g, torch.Generator):
+            g.set_state(states[k])
+        else:
+            g.bit_generator.state = json.loads(states[k])
+
+
+def _np_gen_state(g: np.random.Generator) -> str:
+    return json.dumps(g.bit_generator.state)  # nested dict of ints/strings; JSON keeps big ints exact
+
+
+# ------------------------------------------------------------------------- files
+def write_job_info(partial: Path, cfg_hash: str, run_id: Optional[str]) -> None:
+    partial.mkdir(parents=True, exist_ok=True)
+    tmp = partial / f".{JOB}.tmp"
+    tmp.write_text(json.dumps({"config_hash": cfg_hash, "mlflow_run_id": run_id}) + "\n")
+    os.replace(tmp, partial / JOB)
+
+
+def read_job_info(partial: Path) -> Dict[str, Any]:
+    try:
+        return json.loads((Path(partial) / JOB).read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def save(partial: Path, state: Dict[str, Any]) -> int:
+    """Write ``state`` to ``partial/checkpoint.pt`` through a temporary name; returns its size in bytes."""
+    partial.mkdir(parents=True, exist_ok=True)
+    tmp = partial / f".{CHECKPOINT}.tmp-{os.getpid()}"
+    torch.save({"format": FORMAT, **state}, tmp)
+    size = tmp.stat().st_size
+    os.replace(tmp, partial / CHECKPOINT)
+    return size
+
+
+def load(partial: Path, cfg_hash: str) -> Optional[Dict[str, Any]]:
+    """The last complete checkpoint of this very job, or None (none yet, or the config changed)."""
+    path = Path(partial) / CHECKPOINT
+    if not path.exists():
+        return None
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated by a full disk, or written by an incompatible version
+        log.warning("ignoring unreadable checkpoint %s (%s); starting afresh", path, exc)
+        return None
+    if ckpt.get("format") != FORMAT or ckpt.get("config_hash") != cfg_hash:
+        log.warning("checkpoint %s belongs to another config (or format); starting afresh", path)
+        return None
+    return ckpt
+
+
+def clear(partial: Path) -> None:
+    shutil.rmtree(partial, ignore_errors=True)
+
+
+def to_cpu(obj: Any) -> Any:
+    """Detached CPU copies of every tensor in a nested structure (checkpoint payloads)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, Mapping):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_cpu(v) for v in obj]
+    return obj
+
+
+def module_state(m: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    return {k: v.detach().to("cpu", copy=True) for k, v in m.state_dict().items()}
+
+
+def federation_state(fed, method) -> Dict[str, Any]:
+    """Everything a federated round depends on: participants' weights, the method's state
+    (:meth:`Method.state_dict`), every RNG state and the skipped-batch count."""
+    return {"models": [module_state(c.model) for c in fed.clients],
+            "method": to_cpu(method.state_dict()),
+            "rng": {"federation": fed.rng_state(), "global": global_rng_state()},
+            "skipped_batches": fed.skipped_batches}
+
+
+def restore_federation(fed, method, state: Mapping[str, Any]) -> None:
+    """Inverse of :func:`federation_state`, on a federation built and ``setup`` as the original."""
+    for c, sd in zip(fed.clients, state["models"]):
+        c.model.load_state_dict(sd)
+    method.load_state_dict(state["method"])
+    fed.set_rng_state(state["rng"]["federation"])
+    set_global_rng_state(state["rng"]["global"])
+    fed.skipped_batches = state["skipped_batches"]
