@@ -22,7 +22,7 @@ from fedshift.experiments import load_experiments
 from helpers import tiny_federation
 
 DATA = {"scenarios": {"rotmnist": {}}, "public": {"photo_patches": {}}}
-ROUNDS = 6
+ROUNDS = 5
 
 
 def _config(root, tmp_path, method="fcclp_resume", rounds=ROUNDS, **engine):

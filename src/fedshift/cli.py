@@ -101,17 +101,26 @@ def cmd_partition(args) -> None:
 def _job(kind: str, args) -> None:
     import signal
 
-    import yaml
-
-    from .engine import checkpoint, runner
-    from .tracking import Interrupted, git_commit, mlflow_run
+    from .tracking import Interrupted
 
     def interrupted(signum, frame):
         raise Interrupted(signum)
 
     # Abandon the current step at once: the last checkpoint (end of the previous round) stays on disk.
-    signal.signal(signal.SIGTERM, interrupted)
-    signal.signal(signal.SIGINT, interrupted)
+    previous = {s: signal.signal(s, interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        _run_job(kind, args)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _run_job(kind: str, args) -> None:
+    import yaml
+
+    from .engine import checkpoint, runner
+    from .tracking import git_commit, mlflow_run
+
     cfg = yaml.safe_load(Path(args.config).read_text())
     fn = runner.run_pretrain if kind == "pretrain" else runner.run_federate
     if args.no_tracking or os.environ.get("FEDSHIFT_TRACKING", "mlflow") == "none":

@@ -28,7 +28,7 @@ from .errors import ConfigError
 
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "experiments.schema.yaml"
 WORKFLOW_CONFIG = Path("params/experiments.yaml")  # the Snakefile's `configfile:`
-NAME = re.compile(r"^[a-z][a-z0-9_]*$")  # names that become path parts, wildcards and shell words
+NAME = re.compile(r"^[a-z][a-z0-9_-]*$")  # names that become path parts, wildcards and shell words
 
 
 def check_name(name: Any, where: str) -> None:
@@ -36,7 +36,7 @@ def check_name(name: Any, where: str) -> None:
     and a word in shell commands: ``../x`` would write outside the results tree)."""
     if not isinstance(name, str) or not NAME.match(name):
         raise ConfigError(f"{where}: invalid name {name!r}; use a plain lowercase identifier "
-                          "(letters, digits, underscores, starting with a letter)")
+                          "(lowercase letters, digits, '_' or '-', starting with a letter)")
 
 
 def deep_merge(base: Mapping, over: Mapping) -> dict:
