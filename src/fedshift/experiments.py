@@ -27,7 +27,8 @@ from .config import resolve, to_dict
 from .errors import ConfigError
 
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "experiments.schema.yaml"
-WORKFLOW_CONFIG = Path("params/experiments.yaml")  # the Snakefile's `configfile:`
+WORKFLOW_CONFIG = Path("params/experiments.yaml")  # the Snakefile's `configfile:` (relative to the run folder)
+REPO_WORKFLOW_CONFIG = Path(__file__).resolve().parents[2] / WORKFLOW_CONFIG
 NAME = re.compile(r"^[a-z][a-z0-9_-]*$")  # names that become path parts, wildcards and shell words
 
 

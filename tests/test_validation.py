@@ -1,0 +1,102 @@
+"""Bad input fails before any job with one line naming the key, the value and what is valid;
+`fedshift validate --experiments X` resolves what `snakemake --configfile X` runs."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import yaml
+
+from fedshift.cli import main
+from fedshift.errors import ConfigError
+from fedshift.experiments import REPO_WORKFLOW_CONFIG, load_experiments, snakemake_config
+
+DATA = {"scenarios": {"rotmnist": {}}, "public": {"photo_patches": {}}, "datasets": ["mnist5k", "photo_patches"]}
+GRID = [{"scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": ["fedmd"], "structures": ["homo_lenet"]}]
+
+BAD = [
+    ("malformed device", {"engine": {"device": "gpu0"}},
+     "engine (fedmd on rotmnist): device: invalid value 'gpu0'; valid: auto, cpu, cuda, cuda:<index>, mps"),
+    ("malformed cuda index", {"pretrain": {"device": "cuda:x"}},
+     "pretrain (rotmnist): device: invalid value 'cuda:x'"),
+    ("negative lr", {"engine": {"lr": -0.1}}, "engine (fedmd on rotmnist): lr must be >= 0, got -0.1"),
+    ("negative public lr", {"engine": {"public_lr": -1}}, "public_lr must be >= 0, got -1.0"),
+    ("negative pretrain lr", {"pretrain": {"lr": -1e-3}}, "pretrain (rotmnist): lr must be >= 0, got -0.001"),
+    ("zero threads", {"engine": {"threads": 0}}, "threads must be >= 1 (or null: torch's default), got 0"),
+    ("negative threads", {"pretrain": {"threads": -2}}, "threads must be >= 1 (or null: torch's default), got -2"),
+    ("negative checkpoint_every", {"engine": {"checkpoint_every": -1}}, "checkpoint_every must be >= 0"),
+    ("unknown on_nonfinite", {"engine": {"on_nonfinite": "ignore"}},
+     "on_nonfinite: invalid value 'ignore'; valid: 'fail', 'skip_batch'"),
+    ("unknown scenario override", {"scenario_overrides": {"rotmnst": {"engine": {"rounds": 3}}}},
+     "scenario_overrides: unknown scenario 'rotmnst' (did you mean 'rotmnist'?)"),
+    ("path in a variant name", {"variants": {"../evil": {"method": "fedmd"}}},
+     "variants.../evil: invalid name '../evil'; use a plain lowercase identifier"),
+    ("space in a variant name", {"variants": {"a b": {"method": "fedmd"}}}, "variants.a b: invalid name 'a b'"),
+    ("path in a grid name", {"grid": [{**GRID[0], "name": "../x"}]}, "grid[0].name: invalid name '../x'"),
+]
+
+
+@pytest.mark.parametrize("case,exp,message", BAD, ids=[c for c, _, _ in BAD])
+def test_bad_input_is_one_line_before_any_job(tmp_path, monkeypatch, capsys, case, exp, message):
+    monkeypatch.chdir(tmp_path)  # no params/experiments.yaml to merge over
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump({"grid": GRID, **exp}))
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump(DATA))
+    code = main(["validate", "--experiments", "e.yaml", "--data-params", "d.yaml"])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1, err
+    assert message in err[0]
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_cuda_without_cuda_fails_before_any_job(monkeypatch):
+    monkeypatch.delenv("FEDSHIFT_SKIP_CUDA_CHECK", raising=False)
+    with pytest.raises(ConfigError, match=r"engine \(fedmd on rotmnist\)\.device: 'cuda' asks for CUDA, but torch "
+                                        r"finds no CUDA device here; use auto or cpu"):
+        load_experiments({"grid": GRID, "engine": {"device": "cuda"}}, DATA)
+    monkeypatch.setenv("FEDSHIFT_SKIP_CUDA_CHECK", "1")  # a cluster head whose GPUs are on the compute nodes
+    load_experiments({"grid": GRID, "engine": {"device": "cuda"}}, DATA)
+
+
+@pytest.mark.parametrize("key,name", [("scenarios", "rotmnist; rm -rf ~"), ("public", "$(touch x)"),
+                                      ("datasets", "mnist5k && echo")])
+def test_data_params_names_pasted_into_dvc_commands_must_be_registered(key, name):
+    data = {k: (list(v) if isinstance(v, list) else dict(v)) for k, v in DATA.items()}
+    if isinstance(data[key], list):
+        data[key].append(name)
+    else:
+        data[key][name] = {}
+    import re
+
+    with pytest.raises(ConfigError, match=rf"params/data.yaml {key}: unknown [a-z ]+ '{re.escape(name)}'"):
+        load_experiments({"grid": GRID}, data)
+
+
+def test_validate_merges_like_snakemake_configfile(tmp_path):
+    """--configfile X is merged over the Snakefile's params/experiments.yaml: nested keys extend,
+    lists (grid) are replaced."""
+    main_cfg = tmp_path / "experiments.yaml"
+    main_cfg.write_text(yaml.safe_dump({"engine": {"rounds": 12, "local_epochs": 2}, "grid": GRID,
+                                        "variants": {"a": {"method": "fedmd"}}}))
+    abl = tmp_path / "abl.yaml"
+    abl.write_text(yaml.safe_dump({"engine": {"rounds": 3}, "variants": {"b": {"method": "base"}},
+                                   "grid": [{**GRID[0], "methods": ["base"]}]}))
+    merged = snakemake_config(abl, main_cfg)
+    assert merged["engine"] == {"rounds": 3, "local_epochs": 2}
+    assert sorted(merged["variants"]) == ["a", "b"]
+    assert merged["grid"][0]["methods"] == ["base"]
+    assert snakemake_config(abl, main_cfg, replace=True) == yaml.safe_load(abl.read_text())
+    assert snakemake_config(main_cfg, main_cfg) == yaml.safe_load(main_cfg.read_text())
+    assert REPO_WORKFLOW_CONFIG.name == "experiments.yaml"
+
+
+def test_validate_counts_only_jobs_that_will_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "d.yaml").write_text(yaml.safe_dump(DATA))
+    grid = [{**GRID[0], "methods": ["fedmd", "fccl"], "structures": ["demo_mixed"]}]
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump({"grid": grid}))
+    assert main(["validate", "--experiments", "e.yaml", "--data-params", "d.yaml"]) == 0
+    # fccl starts from the 4 participants' BASE checkpoints; fedmd from scratch needs none.
+    assert capsys.readouterr().out.strip() == "ok: 4 pretrain and 2 federate jobs"
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump({"grid": [{**grid[0], "methods": ["fedmd"]}]}))
+    assert main(["validate", "--experiments", "e.yaml", "--data-params", "d.yaml"]) == 0
+    assert capsys.readouterr().out.strip() == "ok: 0 pretrain and 1 federate jobs"
