@@ -227,15 +227,23 @@ def test_fccl_local_loss_is_ce_plus_two_kls(tiny_data):
     assert create_method("fccl", {"lambda_loc": 0.0}).epoch_modes(2) == ["none", "none"]
 
 
-def test_fccl_plus_without_fntd_uses_eq19_with_the_pretrained_snapshot(tiny_data):
+def test_fccl_plus_without_fntd_uses_eq19_with_the_base_checkpoint(tiny_data):
+    """Without FNTD (Eq. 19) theta^* is the BASE model (FCCL's behaviour), not FCCL+'s random start."""
+    from fedshift.engine.runner import build_models
+
     fed = small_federation(tiny_data, HETERO)
+    base = build_models(list(HETERO), 10, 1, "batch", seed=123)  # stands for the BASE checkpoints
+    fed.base_models = base
     m = create_method("fccl_plus", {"fntd": False})
+    assert m.p.init == "scratch" and type(m).needs_base(m.p)
     m.setup(fed)
     start = copy.deepcopy(fed.clients[0].model)
     m.run_round(fed, 1)
     c = fed.clients[0]
-    assert same_state(c.state["pretrained"], start)  # theta^* stays the starting model
+    assert same_state(c.state["pretrained"], base[0])  # theta^* = the BASE model ...
+    assert not same_state(c.state["pretrained"], start)  # ... not the (random) starting model
     assert not same_state(c.state["prev"], start)  # theta^{e-1} moved on
+    assert not type(m).needs_base(create_method("fccl_plus").p)  # FNTD needs no BASE model
     fed2 = small_federation(tiny_data, HETERO)
     m2 = create_method("fccl_plus")
     m2.setup(fed2)

@@ -89,14 +89,28 @@ def test_validate_merges_like_snakemake_configfile(tmp_path):
     assert REPO_WORKFLOW_CONFIG.name == "experiments.yaml"
 
 
-def test_validate_counts_only_jobs_that_will_run(tmp_path, monkeypatch, capsys):
+def test_validate_counts_the_jobs_snakemake_runs(tmp_path, monkeypatch, capsys):
+    """Every participant x architecture is pretrained once (the report's base_pretrain row and the BASE
+    checkpoints share them), every grid cell is one federate job."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "d.yaml").write_text(yaml.safe_dump(DATA))
-    grid = [{**GRID[0], "methods": ["fedmd", "fccl"], "structures": ["demo_mixed"]}]
+    grid = [{**GRID[0], "methods": ["fedmd", "fccl"], "structures": ["demo_mixed"]},
+            {**GRID[0], "methods": ["fedmd"], "structures": ["homo_lenet"]}]
     (tmp_path / "e.yaml").write_text(yaml.safe_dump({"grid": grid}))
     assert main(["validate", "--experiments", "e.yaml", "--data-params", "d.yaml"]) == 0
-    # fccl starts from the 4 participants' BASE checkpoints; fedmd from scratch needs none.
-    assert capsys.readouterr().out.strip() == "ok: 4 pretrain and 2 federate jobs"
-    (tmp_path / "e.yaml").write_text(yaml.safe_dump({"grid": [{**grid[0], "methods": ["fedmd"]}]}))
-    assert main(["validate", "--experiments", "e.yaml", "--data-params", "d.yaml"]) == 0
-    assert capsys.readouterr().out.strip() == "ok: 0 pretrain and 1 federate jobs"
+    plan = load_experiments({"grid": grid}, DATA)
+    pairs = {(p, a) for c in plan.federate.values() for p, a in zip(c["participants"], c["archs"])}
+    assert capsys.readouterr().out.strip() == f"ok: {len(pairs)} pretrain and 3 federate jobs"
+
+
+def test_fntd_less_fccl_plus_variant_loads_base_checkpoints_as_theta_star():
+    """Table X rows without FNTD (CVPR Eq. 19) need the BASE models as theta^* though they start from scratch."""
+    exp = {"variants": {"fcclp_nofntd": {"method": "fccl_plus", "params": {"fntd": False}}},
+           "grid": [{**GRID[0], "methods": ["fcclp_nofntd", "fccl_plus"], "structures": ["demo_mixed"]}]}
+    plan = load_experiments(exp, DATA, results="R")
+    cfgs = {c["method"]: c for c in plan.federate.values()}
+    assert cfgs["fcclp_nofntd"]["method_params"]["init"] == "scratch"
+    assert cfgs["fcclp_nofntd"]["paths"]["pretrained"] == [
+        f"R/pretrain/rotmnist/{p}/{a}/seed0/model.pt"
+        for p, a in zip(cfgs["fcclp_nofntd"]["participants"], cfgs["fcclp_nofntd"]["archs"])]
+    assert cfgs["fccl_plus"]["paths"]["pretrained"] is None

@@ -149,7 +149,7 @@ def cmd_federate(args) -> None:
 def cmd_collect(args) -> None:
     from .report.collect import collect
 
-    collect([Path(p) for p in args.runs], Path(args.out))
+    collect([Path(p) for p in args.runs], Path(args.out), [Path(p) for p in args.pretrain or []])
 
 
 def cmd_report(args) -> None:
@@ -208,6 +208,8 @@ def main(argv: List[str] | None = None) -> int:
     p = sub.add_parser("collect", help="gather run folders into one tidy CSV")
     p.add_argument("out")
     p.add_argument("runs", nargs="+")
+    p.add_argument("--pretrain", nargs="*", default=None,
+                   help="pretrain run folders: their final epoch becomes the base_pretrain (SOLO/BASE) row")
     p.set_defaults(fn=cmd_collect)
 
     p = sub.add_parser("report", help="tables and figures from the tidy CSV")

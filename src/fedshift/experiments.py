@@ -133,9 +133,10 @@ class Plan:
     report: dict = field(default_factory=dict)
 
     def needed_pretrain(self) -> Dict[PretrainJob, dict]:
-        """The pretrain jobs the workflow runs: those whose checkpoint a federated job starts from."""
-        used = {p for cfg in self.federate.values() for p in (cfg["paths"]["pretrained"] or [])}
-        return {job: cfg for job, cfg in self.pretrain.items() if any(u.endswith(f"/{job.path}/model.pt") for u in used)}
+        """The pretrain jobs the workflow runs: every participant x architecture of the grid, both as
+        the BASE checkpoints of methods that need them and as the report's ``base_pretrain`` row
+        (the collect rule takes them all as inputs)."""
+        return dict(self.pretrain)
 
     def federate_config(self, path: str) -> dict:
         for job, cfg in self.federate.items():
@@ -263,7 +264,7 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                         "arch": arch, "seed": seed, "pretrain": to_dict(pre),
                         "paths": {"partition": f"{build}/partitions/{s}"}, "wildcards": pj.wildcards,
                     }
-            if getattr(mparams, "init", "scratch") == "base":
+            if cls.needs_base(mparams):
                 if eng.norm != pre.norm:
                     raise ConfigError(f"{where}: method {m!r} starts from BASE checkpoints, but engine.norm "
                                       f"({eng.norm!r}) differs from pretrain.norm ({pre.norm!r}); make them equal")

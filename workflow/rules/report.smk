@@ -5,7 +5,9 @@
 
 rule collect:
     input:
-        FEDERATE_METRICS,
+        runs=FEDERATE_METRICS,
+        # The papers' SOLO/BASE row (base_pretrain) comes from the pretrain runs (50 epochs alone).
+        pretrain=PRETRAIN_METRICS,
     output:
         COLLECT_CSV,
     conda:
@@ -13,9 +15,10 @@ rule collect:
     log:
         f"logs/collect-{REPORT_NAME or 'main'}.log",
     params:
-        runs=lambda wc, input: " ".join(os.path.dirname(p) for p in input),
+        runs=lambda wc, input: " ".join(os.path.dirname(p) for p in input.runs),
+        pretrain=lambda wc, input: " ".join(os.path.dirname(p) for p in input.pretrain),
     shell:
-        "fedshift collect {output} {params.runs} > {log} 2>&1"
+        "fedshift collect {output} {params.runs} --pretrain {params.pretrain} > {log} 2>&1"
 
 
 rule report:

@@ -93,6 +93,7 @@ class Federation:
         self.num_classes = data.num_classes
         self.round = 0
         self.method_name = "?"  # set by the runner; named in non-finite-loss errors
+        self.base_models: Optional[List[FedModel]] = None  # the BASE checkpoints' models, when the job has them
         self.skipped_batches = 0  # optimiser steps skipped for a non-finite loss (on_nonfinite: skip_batch)
 
     # ------------------------------------------------------------ resumable RNG

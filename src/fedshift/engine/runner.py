@@ -169,10 +169,16 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     check_labels(data)
     archs = cfg["archs"]
     models = build_models(archs, data.num_classes, data.image_shape[0], eng.norm, seed)
-    if getattr(method.p, "init", "scratch") == "base":
-        for m, a, ck in zip(models, archs, cfg["paths"]["pretrained"]):
+    base_models = None
+    if cfg["paths"].get("pretrained"):  # BASE checkpoints: the start (init: base) and/or a teacher (theta^*)
+        base_models = build_models(archs, data.num_classes, data.image_shape[0], eng.norm, seed)
+        for m, a, ck in zip(base_models, archs, cfg["paths"]["pretrained"]):
             load_checkpoint(m, Path(ck), a)
+        if getattr(method.p, "init", "scratch") == "base":
+            for m, b in zip(models, base_models):
+                m.load_state_dict(b.state_dict())
     fed = Federation(data, models, archs, eng, seed, device)
+    fed.base_models = [b.to(device) for b in base_models] if base_models else None
     fed.method_name = cfg["method"]
     method.setup(fed)
     tracker.set_tags({f"data.{k}": v for k, v in data.manifests.items()})

@@ -51,6 +51,12 @@ class Method:
     def __init__(self, params):
         self.p = params
 
+    @classmethod
+    def needs_base(cls, params) -> bool:
+        """Whether a job with these params needs the BASE (SOLO) checkpoints: to start from
+        (``init: base``) or as a teacher (the runner then puts them in ``fed.base_models``)."""
+        return getattr(params, "init", "scratch") == "base"
+
     # -- hooks ---------------------------------------------------------------
     def setup(self, fed) -> None:
         pass

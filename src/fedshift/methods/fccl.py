@@ -155,14 +155,17 @@ class FCCL(AveragingMethod):
         self._mode = "none"
         self._corr: Dict[int, Dict[str, np.ndarray]] = {}
         self._corr_names: List[str] = [c.name for c in fed.clients]
-        for c in fed.clients:
+        base = getattr(fed, "base_models", None)
+        for i, c in enumerate(fed.clients):
             # theta^{t-1} of round 1 is the participant's own starting model, theta^* its pretrained
-            # model; both are taken before a homogeneous run gives everyone participant 0's weights
+            # (BASE) model, which the runner provides in fed.base_models (the starting model itself
+            # when the run starts from BASE, or when no checkpoint is given, e.g. in unit tests);
+            # both are taken before a homogeneous run gives everyone participant 0's weights
             # (the authors' order).
             c.state["prev"] = frozen_copy(c.model)
             c.state["teacher"] = c.state["prev"]
             if self.needs_pretrained():
-                c.state["pretrained"] = frozen_copy(c.model)
+                c.state["pretrained"] = frozen_copy(base[i] if base else c.model)
         self.init_state(fed)
         self.setup_averaging(fed)
 

@@ -20,7 +20,8 @@ difference of the authors' code is a key of :class:`FCCLPlusParams`:
 key                    default          reproduces
 =====================  ===============  ===================================================================
 fccm, fisl, fntd       true             Table X (without FNTD the local loss is CVPR Eq. 19, as § 4.3 says:
-                                        CE + KL(theta^{e-1}) + KL(theta^*), temperature 1)
+                                        CE + KL(theta^{e-1}) + KL(theta^*), temperature 1; theta^* is
+                                        the participant's BASE checkpoint, as in FCCL, whatever ``init``)
 local_distill          fntd             Fig. 10 (``kd``: CE + tau² KD, Eq. 10), Table XVI (``ewc``),
                                         Table XIX "w/o FNTD" (``none``: CE only), ``dual`` = Eq. 19
 tau                    3                Fig. 10 (temperature of FNTD and KD)
@@ -121,6 +122,12 @@ class FCCLPlus(FCCL):
 
     def needs_pretrained(self) -> bool:
         return self.p.distill == "dual"
+
+    @classmethod
+    def needs_base(cls, params) -> bool:
+        # Eq. 19's theta^* is the pretrained SOLO model (FCCL's own behaviour), even when the
+        # participants themselves start from scratch.
+        return params.init == "base" or params.distill == "dual"
 
     def init_state(self, fed) -> None:
         if self.p.distill == "ewc":

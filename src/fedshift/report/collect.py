@@ -3,6 +3,14 @@ structure, seed, round, participant, evaluated domain).
 
 The run folders' ``rounds.csv`` and ``config.yaml`` are the source of truth; this
 only joins them. Written atomically.
+
+``base_pretrain`` rows: the papers' SOLO/BASE row (FCCL+ Tables VIII-IX: each
+participant trained alone on its private data for ``pretrain.epochs`` = 50 epochs) comes
+from the ``pretrain`` runs, one per participant and architecture, evaluated on every
+domain at their last epoch. They are added for every (scenario, public, structure,
+seed) of the federated runs whose participants' pretrain runs are given, beside the
+federated ``base`` method (the same training without communication, but on the
+federated schedule: rounds x local epochs).
 """
 
 from __future__ import annotations
@@ -29,8 +37,43 @@ def load_run(run_dir: Path) -> pd.DataFrame:
     return df
 
 
-def collect(run_dirs: Iterable[Path], out: Path) -> pd.DataFrame:
+PRETRAIN_METHOD = "base_pretrain"
+
+
+def pretrain_rows(fed_cfgs: Iterable[dict], pretrain_dirs: Iterable[Path]) -> pd.DataFrame:
+    """``base_pretrain`` rows (see the module docstring); round = the federated runs' last round."""
+    last = {}
+    for d in pretrain_dirs:
+        d = Path(d)
+        if d.name in ("metrics.json", "model.pt"):
+            d = d.parent
+        cfg = yaml.safe_load((d / "config.yaml").read_text())
+        df = pd.read_csv(d / "rounds.csv")
+        last[(cfg["scenario"], cfg["participant"], cfg["arch"], int(cfg["seed"]))] = df[df["round"] == df["round"].max()]
+    frames, seen = [], set()
+    for cfg, final_round in fed_cfgs:
+        key = (cfg["scenario"], cfg["public"], cfg["structure"], int(cfg["seed"]))
+        parts = [(cfg["scenario"], p, a, int(cfg["seed"])) for p, a in zip(cfg["participants"], cfg["archs"])]
+        if key in seen or not all(p in last for p in parts):
+            continue
+        seen.add(key)
+        df = pd.concat([last[p] for p in parts], ignore_index=True).assign(round=final_round)
+        for col, val in zip(("scenario", "public", "structure", "seed"), key):
+            df[col] = val
+        df["method"], df["base_method"] = PRETRAIN_METHOD, "pretrain"
+        frames.append(df)
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def collect(run_dirs: Iterable[Path], out: Path, pretrain_dirs: Iterable[Path] = ()) -> pd.DataFrame:
     frames = [load_run(Path(d)) for d in run_dirs]
+    pretrain_dirs = list(pretrain_dirs)
+    if pretrain_dirs:
+        cfgs = []
+        for d in run_dirs:
+            d = Path(d).parent if Path(d).name == "metrics.json" else Path(d)
+            cfgs.append((yaml.safe_load((d / "config.yaml").read_text()), int(load_run(d)["round"].max())))
+        frames.append(pretrain_rows(cfgs, pretrain_dirs))
     df = pd.concat(frames, ignore_index=True)
     cols = ID_COLUMNS + ["round", "participant", "arch", "domain", "kind", "top1", "top5"]
     df = df[cols].sort_values(["scenario", "public", "structure", "method", "seed", "round", "participant", "domain"])

@@ -92,6 +92,7 @@ def curves_figure(df: pd.DataFrame, path: Path, title: str, methods: Optional[Li
     import matplotlib.pyplot as plt
     import seaborn as sns
 
+    df = df[df["method"] != "base_pretrain"]  # one point (the pretrain runs' final epoch), no curve
     metric = _topk(df["scenario"].iloc[0])
     avg = (df.groupby(["method", "seed", "round", "participant", "kind"], as_index=False)[metric].mean()
              .groupby(["method", "seed", "round", "kind"], as_index=False)[metric].mean())
@@ -127,6 +128,10 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
         head = headline_frame(df, last_k)
         md = [f"# {report_cfg.get('title', 'fedshift report')}", "",
               f"Mean accuracy (%) of the last {last_k} communication rounds; ± = std over seeds.", ""]
+        if (df["method"] == "base_pretrain").any():
+            md += ["`base_pretrain` is the papers' SOLO/BASE row: each participant trained alone on its private "
+                   "data for `pretrain.epochs` epochs (the pretrain runs, final epoch); `base` is the same without "
+                   "communication on the federated schedule (rounds x local epochs).", ""]
         groups = head.groupby(["scenario", "public", "structure"])
         for (scen, pub, struct), h in groups:
             metric = _topk(scen)
