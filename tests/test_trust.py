@@ -63,6 +63,7 @@ def _store(tmp_path_factory):
 def mlflow_store(_store, monkeypatch):
     """One SQLite store per module (creating one costs seconds); every test starts with no runs."""
     uri, client = _store
+    monkeypatch.chdir(uri.split("sqlite:///")[1].rsplit("/", 1)[0])  # artifacts go beside the store
     monkeypatch.setenv("MLFLOW_TRACKING_URI", uri)
     monkeypatch.setenv("FEDSHIFT_TRACKING", "mlflow")
     for exp in client.search_experiments():

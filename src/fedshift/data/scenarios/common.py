@@ -62,16 +62,43 @@ def to_format(images: np.ndarray | torch.Tensor, shape: Tuple[int, int, int]) ->
     return np.ascontiguousarray(x.numpy())
 
 
+ROT_BITS = 16  # fixed-point precision of cos/sin (1/65536)
+
+
 def rotate(images: np.ndarray, degrees_clockwise: float) -> np.ndarray:
-    """Rotate a uint8 batch clockwise about the centre (bilinear, zero fill)."""
+    """Rotate a uint8 batch (N x C x H x W) clockwise about the centre: bilinear, zero fill.
+
+    Integer-exact: cos/sin are rounded once to 16-bit fixed point and every coordinate,
+    weight and sum after that is int64 arithmetic, so the bytes are the same on every CPU
+    (float interpolation differed between machines in the last bit, which moved pixels
+    across a rounding boundary and changed ``dvc.lock``). Results round half up.
+    """
     if degrees_clockwise % 360 == 0 or len(images) == 0:
         return images.copy()
-    from torchvision.transforms.functional import InterpolationMode
-    from torchvision.transforms.functional import rotate as tv_rotate
-
-    x = torch.as_tensor(images).float()
-    y = tv_rotate(x, -float(degrees_clockwise), interpolation=InterpolationMode.BILINEAR)
-    return np.ascontiguousarray(y.round().clamp(0, 255).to(torch.uint8).numpy())
+    n, c, h, w = images.shape
+    one = 1 << ROT_BITS
+    rad = np.deg2rad(float(degrees_clockwise))
+    cos, sin = int(round(np.cos(rad) * one)), int(round(np.sin(rad) * one))
+    # Coordinates in half pixels about the centre, so (H-1)/2 and (W-1)/2 stay integers.
+    dy, dx = np.meshgrid(2 * np.arange(h, dtype=np.int64) - (h - 1), 2 * np.arange(w, dtype=np.int64) - (w - 1),
+                         indexing="ij")
+    # Source of output pixel (y, x) under a clockwise rotation (y down): R^-1 (dx, dy), in units of 1/(2*one).
+    sx = (w - 1) * one + cos * dx + sin * dy
+    sy = (h - 1) * one - sin * dx + cos * dy
+    den = 2 * one
+    x0, fx = np.divmod(sx, den)  # floor and remainder, exact for negatives too
+    y0, fy = np.divmod(sy, den)
+    padded = np.zeros((n, c, h + 2, w + 2), dtype=np.int64)  # a zero border: neighbours outside read 0
+    padded[:, :, 1:-1, 1:-1] = images
+    acc = np.zeros((n, c, h, w), dtype=np.int64)
+    for oy, wy in ((0, den - fy), (1, fy)):
+        yi = np.clip(y0 + oy + 1, 0, h + 1)
+        for ox, wx in ((0, den - fx), (1, fx)):
+            xi = np.clip(x0 + ox + 1, 0, w + 1)
+            acc += padded[:, :, yi, xi] * (wy * wx)
+    total = den * den
+    out = (acc + total // 2) // total
+    return np.ascontiguousarray(np.clip(out, 0, 255).astype(np.uint8))
 
 
 def take(images: np.ndarray, labels: np.ndarray, rows: Sequence[int]):
