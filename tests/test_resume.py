@@ -161,3 +161,36 @@ def test_method_restored_from_state_dict_behaves_identically(tiny_data, tmp_path
     for c1, c2 in zip(fed.clients, fed2.clients):
         s1, s2 = c1.model.state_dict(), c2.model.state_dict()
         assert all(torch.equal(s1[k], s2[k]) for k in s1), (name, c1.name)
+
+
+def test_interrupted_pretrain_resumes_bit_identically(tiny_data, tmp_path, monkeypatch):
+    exp = {"engine": {"device": "cpu"}, "pretrain": {"epochs": 4, "batch": 32, "eval_every": 1, "device": "cpu",
+                                                      "threads": 1, "eval_batch": 512},
+           "grid": [{"scenarios": ["rotmnist"], "methods": ["base"], "structures": ["homo_lenet"]}]}
+    plan = load_experiments(exp, DATA, results=str(tmp_path / "results"), build=str(tiny_data))
+    cfg = next(iter(plan.pretrain.values()))
+    runner.run_pretrain(cfg, tmp_path / "ref")
+
+    from fedshift.engine.federation import Federation
+
+    real, calls = Federation.train_local, []
+
+    def die_in_epoch_3(self, *a, **k):
+        calls.append(1)
+        if len(calls) == 3:
+            raise KeyboardInterrupt
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(Federation, "train_local", die_in_epoch_3)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_pretrain(cfg, tmp_path / "out")
+    assert _checkpoint_round(checkpoint.partial_dir(tmp_path / "out")) == 2
+    monkeypatch.setattr(Federation, "train_local", real)
+    runner.run_pretrain(cfg, tmp_path / "out")
+    a = torch.load(tmp_path / "ref/model.pt", weights_only=True)["state_dict"]
+    b = torch.load(tmp_path / "out/model.pt", weights_only=True)["state_dict"]
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert (tmp_path / "ref/rounds.csv").read_bytes() == (tmp_path / "out/rounds.csv").read_bytes()
+    ma, mb = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("ref", "out"))
+    ma.pop("timings"), mb.pop("timings")
+    assert ma == mb
