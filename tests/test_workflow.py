@@ -79,10 +79,13 @@ def ran(project):
 def test_runs_csv_has_every_method(ran):
     root, _, _ = ran
     df = pd.read_csv(root / "results/collect/runs.csv")
-    assert set(df["method"]) == {"base", "fedavg", "fedmd", "fccl_plus"}
+    assert set(df["method"]) == {"base", "fedavg", "fedmd", "fccl_plus", "base_pretrain"}
     assert {"method", "top1", "top5", "scenario", "public", "structure", "seed", "round", "participant", "domain"} <= set(df.columns)
     # 4 participants x 4 evaluated domains x (round 0..3) per method
-    assert (df.groupby("method").size() == 4 * 4 * 4).all()
+    solo = df["method"] == "base_pretrain"
+    assert (df[~solo].groupby("method").size() == 4 * 4 * 4).all()
+    # the papers' SOLO/BASE row: the pretrain runs' final epoch, placed at the last round
+    assert solo.sum() == 4 * 4 and (df.loc[solo, "round"] == 3).all()
     assert df["top1"].between(0, 1).all() and (df["top5"] >= df["top1"]).all()
     last = df[df["round"] == 3]
     assert last.groupby("method")["top1"].mean().min() > 0.15  # better than chance (0.1) after 3 rounds
@@ -95,7 +98,7 @@ def test_report_table_and_figures(ran):
     assert tables == ["table_inter__rotmnist__photo_patches__homo_lenet.csv",
                       "table_intra__rotmnist__photo_patches__homo_lenet.csv"]
     t = pd.read_csv(rep / tables[0], index_col=0)
-    assert set(t.index) == {"base", "fedavg", "fedmd", "fccl_plus"}
+    assert set(t.index) == {"base", "fedavg", "fedmd", "fccl_plus", "base_pretrain"}
     assert list(t.columns) == ["m0→", "m20→", "m40→", "m60→", "AVG→", "seeds"]
     # AVG is the mean of the participants' columns
     assert (t[["m0→", "m20→", "m40→", "m60→"]].mean(axis=1) - t["AVG→"]).abs().max() < 0.011
@@ -123,7 +126,8 @@ def test_mlflow_holds_every_run_with_metrics_and_artifacts(ran):
     assert sorted(m.step for m in hist) == [0, 1, 2, 3]
     assert len(client.get_metric_history(fed.info.run_id, "m20/intra/top5")) == 4
     arts = {a.path for a in client.list_artifacts(fed.info.run_id)}
-    assert {"config.yaml", "metrics.json", "rounds.csv"} <= arts
+    assert {"config.yaml", "metrics.json", "rounds.csv", "models.pt"} <= arts
+    assert not list((root / "results/federate").rglob("*.partial"))  # finished jobs leave no checkpoint area
     rep = client.get_experiment_by_name("report")
     assert client.search_runs([rep.experiment_id])
 

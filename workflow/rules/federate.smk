@@ -1,4 +1,6 @@
 # One federated run per scenario x public set x method x structure x seed.
+# A job checkpoints itself into results/federate/.../seed<k>.partial/ (not a declared output,
+# so Snakemake's clean-up of a failed job leaves it): rerunning the job resumes there.
 
 
 rule federate:
@@ -7,6 +9,8 @@ rule federate:
     output:
         metrics="results/federate/{scenario}/{public}/{method}/{structure}/seed{seed}/metrics.json",
         rounds="results/federate/{scenario}/{public}/{method}/{structure}/seed{seed}/rounds.csv",
+        # every participant's final weights: `fedshift evaluate <run folder>` re-scores them
+        models="results/federate/{scenario}/{public}/{method}/{structure}/seed{seed}/models.pt",
     conda:
         "../../environment.yml"
     log:

@@ -1,5 +1,7 @@
 # SOLO/BASE: each participant's model trained on its private data alone; the checkpoint
-# is the starting point of methods whose `init` is "base".
+# is the starting point of methods whose `init` is "base", the teacher theta* of FCCL+
+# without FNTD, and the report's base_pretrain row. A job checkpoints itself every epoch
+# into results/pretrain/.../seed<k>.partial/ (not a declared output): a rerun resumes.
 
 
 rule pretrain:
