@@ -89,7 +89,10 @@ class AveragingMethod(Method):
         self.setup_averaging(fed)
 
     def state_dict(self) -> Dict[str, Any]:
-        """The public-phase optimisers' states (Adam moments persist when ``fresh_optimizer`` is false)."""
+        """The public-phase optimisers' states when they persist (``fresh_optimizer: false``); a fresh
+        optimiser per batch carries nothing across rounds (a new one equals a cleared one)."""
+        if self.p.fresh_optimizer:
+            return {"public_opts": {}}
         return {"public_opts": {name: opt.state_dict() for name, opt in self._public_opts.items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
