@@ -183,19 +183,17 @@ def _weights(fed):
     return [torch.cat([v.detach().flatten().double() for v in c.model.state_dict().values()]) for c in fed.clients]
 
 
-def _fed(name, **engine):
-    engine = {"public_aug": "weak", "rounds": 2, **engine}
-    return tiny_federation(_TINY, _archs(name), **engine)
+@pytest.fixture
+def make_fed(tiny_data):
+    """make_fed(method) -> a 2-participant federation of the architectures the method needs."""
+    def make(name, **engine):
+        engine = {"public_aug": "weak", "rounds": 2, **engine}
+        return tiny_federation(tiny_data, _archs(name), **engine)
+    return make
 
 
-@pytest.fixture(autouse=True)
-def _tiny(tiny_data):
-    global _TINY
-    _TINY = tiny_data
-
-
-def _run(name, params=None, rounds=(1,), fed=None, **engine):
-    fed = fed or _fed(name, **engine)
+def _run(make_fed, name, params=None, rounds=(1,), fed=None):
+    fed = fed or make_fed(name)
     m = create_method(name, params)
     m.setup(fed)
     for r in rounds:
@@ -205,16 +203,16 @@ def _run(name, params=None, rounds=(1,), fed=None, **engine):
 
 
 @pytest.mark.parametrize("name", HOMOGENEOUS + HETEROGENEOUS)
-def test_restored_method_behaves_identically(name):
+def test_restored_method_behaves_identically(make_fed, name):
     torch.manual_seed(0)
-    fed_a, m_a = _run(name)
+    fed_a, m_a = _run(make_fed, name)
     buf = io.BytesIO()
     torch.save(m_a.state_dict(), buf)
     buf.seek(0)
     state = torch.load(buf, weights_only=True)  # tensors, numbers, strings, dicts and lists only
 
     def resumed(with_state):
-        fed_b = _fed(name)
+        fed_b = make_fed(name)
         m_b = create_method(name)
         m_b.setup(fed_b)
         # what the engine restores itself: the participants' weights and the random streams
@@ -243,43 +241,45 @@ def _differs(a, b):
     return any(not torch.allclose(x, y) for x, y in zip(a, b))
 
 
-def test_fedprox_mu_zero_is_fedavg_and_mu_changes_it():
+def test_fedprox_mu_zero_is_fedavg_and_mu_changes_it(make_fed):
     torch.manual_seed(0)
-    avg = _weights(_run("fedavg", rounds=(1, 2), fed=_fed("fedprox"))[0])
+    avg = _weights(_run(make_fed, "fedavg", rounds=(1, 2), fed=make_fed("fedprox"))[0])
     torch.manual_seed(0)
-    prox0 = _weights(_run("fedprox", {"mu": 0.0}, rounds=(1, 2))[0])
+    prox0 = _weights(_run(make_fed, "fedprox", {"mu": 0.0}, rounds=(1, 2))[0])
     torch.manual_seed(0)
-    prox = _weights(_run("fedprox", {"mu": 1.0}, rounds=(1, 2))[0])
+    prox = _weights(_run(make_fed, "fedprox", {"mu": 1.0}, rounds=(1, 2))[0])
     assert all(torch.allclose(a, b) for a, b in zip(avg, prox0))
     assert _differs(avg, prox)
 
 
-def test_moon_contrastive_term_from_round_two():
+def test_moon_contrastive_term_from_round_two(make_fed):
     torch.manual_seed(0)
-    avg = _weights(_run("fedavg", rounds=(1, 2), fed=_fed("moon"))[0])
+    avg = _weights(_run(make_fed, "fedavg", rounds=(1, 2), fed=make_fed("moon"))[0])
     torch.manual_seed(0)
-    off = _weights(_run("moon", {"mu": 0.0}, rounds=(1, 2))[0])
+    off = _weights(_run(make_fed, "moon", {"mu": 0.0}, rounds=(1, 2))[0])
     torch.manual_seed(0)
-    fed, m = _run("moon", rounds=(1,))
-    assert all(torch.allclose(a, b) for a, b in zip(_weights(_run("fedavg", fed=_fed("moon"))[0]), _weights(fed)))
+    fed, m = _run(make_fed, "moon", rounds=(1,))
+    torch.manual_seed(0)
+    avg1 = _weights(_run(make_fed, "fedavg", fed=make_fed("moon"))[0])
+    assert all(torch.allclose(a, b) for a, b in zip(avg1, _weights(fed)))  # round 1: no previous model yet
     m.run_round(fed, 2)
     assert all(torch.allclose(a, b) for a, b in zip(avg, off))
     assert _differs(avg, _weights(fed))
 
 
-def test_fedrs_restricts_only_missing_classes():
+def test_fedrs_restricts_only_missing_classes(make_fed):
     def run(params, drop_class):
         torch.manual_seed(0)
-        fed = _fed("fedrs")
+        fed = make_fed("fedrs")
         if drop_class:
             x, y = fed.clients[0].data.splits["private"]
             keep = y != 0
             fed.clients[0].data.splits["private"] = (x[keep], y[keep])
-        return _weights(_run("fedrs", params, fed=fed)[0]), fed
+        return _weights(_run(make_fed, "fedrs", params, fed=fed)[0]), fed
 
     full, _ = run({}, False)
     torch.manual_seed(0)
-    avg = _weights(_run("fedavg", fed=_fed("fedrs"))[0])
+    avg = _weights(_run(make_fed, "fedavg", fed=make_fed("fedrs"))[0])
     assert all(torch.allclose(a, b) for a, b in zip(full, avg))  # every class present: FedAvg
     w1, fed = run({"alpha": 1.0}, True)
     w5, _ = run({"alpha": 0.5}, True)
@@ -287,36 +287,37 @@ def test_fedrs_restricts_only_missing_classes():
     assert _differs(w1, w5)
 
 
-def test_fedproc_prototypes_and_alpha_schedule():
-    _, m = _run("fedproc")
+def test_fedproc_prototypes_and_alpha_schedule(make_fed):
+    _, m = _run(make_fed, "fedproc")
     assert m.protos.shape[0] == 10 and bool(m.present.all())
     torch.manual_seed(0)
-    const = _weights(_run("fedproc", rounds=(1, 2))[0])
+    const = _weights(_run(make_fed, "fedproc", rounds=(1, 2))[0])
     torch.manual_seed(0)
-    linear = _weights(_run("fedproc", {"alpha_schedule": "linear"}, rounds=(1, 2))[0])  # round 2 of 2: alpha 0
+    # round 2 of 2 under the linear schedule: alpha 0, so plain FedAvg
+    linear = _weights(_run(make_fed, "fedproc", {"alpha_schedule": "linear"}, rounds=(1, 2))[0])
     torch.manual_seed(0)
-    avg = _weights(_run("fedavg", rounds=(1, 2), fed=_fed("fedproc"))[0])
+    avg = _weights(_run(make_fed, "fedavg", rounds=(1, 2), fed=make_fed("fedproc"))[0])
     assert all(torch.allclose(a, b) for a, b in zip(avg, linear))
     assert _differs(const, linear)
 
 
-def test_fml_defaults_make_both_kl_terms_active():
+def test_fml_defaults_make_both_kl_terms_active(make_fed):
     torch.manual_seed(0)
-    base = _weights(_run("base", fed=_fed("fml"))[0])
+    base = _weights(_run(make_fed, "base", fed=make_fed("fml"))[0])
     torch.manual_seed(0)
-    independent = _weights(_run("fml", {"alpha": 1.0, "beta": 1.0})[0])
+    independent = _weights(_run(make_fed, "fml", {"alpha": 1.0, "beta": 1.0})[0])
     torch.manual_seed(0)
-    fed, m = _run("fml")
+    fed, m = _run(make_fed, "fml")
     # alpha = beta = 1: the private models train exactly as alone (the public-code pitfall)
     assert all(torch.allclose(a, b, atol=1e-6) for a, b in zip(base, independent))
     assert _differs(base, _weights(fed))
     assert set(m.state_dict()["meme"]) == set(m.memes["m0"].state_dict())
 
 
-def test_fedmatch_switches():
+def test_fedmatch_switches(make_fed):
     def colla(params):
         torch.manual_seed(0)
-        fed = _fed("fedmatch")
+        fed = make_fed("fedmatch")
         m = create_method("fedmatch", params)
         m.setup(fed)
         before = _weights(fed)
@@ -332,9 +333,9 @@ def test_fedmatch_switches():
     assert _differs(all_conf, same_view) and _differs(all_conf, no_helpers)
 
 
-def test_rhfl_confidence_weights_follow_private_losses():
+def test_rhfl_confidence_weights_follow_private_losses(make_fed):
     torch.manual_seed(0)
-    fed, m = _run("rhfl")
+    fed, m = _run(make_fed, "rhfl")
     assert m.prev_losses is not None and len(m.prev_losses) == 2
     before = list(m.prev_losses)
     fed.round = 2
@@ -342,13 +343,13 @@ def test_rhfl_confidence_weights_follow_private_losses():
     expect = L.rhfl_confidence_weights(before, m.prev_losses, 0.5)
     assert [metrics["m0/train/confidence"], metrics["m20/train/confidence"]] == pytest.approx(expect.tolist())
     torch.manual_seed(0)
-    off = _weights(_run("rhfl", {"ccr": False}, rounds=(1, 2))[0])
+    off = _weights(_run(make_fed, "rhfl", {"ccr": False}, rounds=(1, 2))[0])
     assert _differs(_weights(fed), off)
 
 
-def test_rcfl_distils_toward_aggregated_scores_from_round_two():
+def test_rcfl_distils_toward_aggregated_scores_from_round_two(make_fed):
     torch.manual_seed(0)
-    fed, m = _run("rcfl", {"public_subset": 128})
+    fed, m = _run(make_fed, "rcfl", {"public_subset": 128})
     assert m.scores.shape == (128, 10)
     torch.testing.assert_close(m.scores.sum(1), torch.ones(128))
     before = _weights(fed)
@@ -360,3 +361,26 @@ def test_rcfl_distils_toward_aggregated_scores_from_round_two():
     m0.load_state_dict(m.state_dict())
     before = _weights(fed)
     assert m0.collaborate(fed, 2) == {} and not _differs(before, _weights(fed))
+
+
+# ------------------------------------------------------------------ grids
+
+@pytest.mark.parametrize("grid, data, federate", [
+    ("fccl_plus_table8", "params/papers/fccl_plus_data.yaml", 4 * 7 * 3),
+    ("fccl_plus_table15", "params/papers/fccl_plus_data.yaml", 2 * 11 * 3),
+    ("fccl_plus_table8_offline", "params/data.yaml", 9),
+    ("fccl_plus_table15_offline", "params/data.yaml", 12),
+])
+def test_paper_grids_validate_with_every_counterpart(grid, data, federate):
+    from pathlib import Path
+
+    from fedshift.experiments import load_experiments
+
+    root = Path(__file__).resolve().parents[1]
+    plan = load_experiments(root / f"params/papers/{grid}.yaml", root / data)
+    assert len(plan.federate) == federate
+    methods = {c["base_method"] for c in plan.federate.values()}
+    expected = {"fedmatch", "rhfl"} if "table8" in grid else {"fedprox", "moon", "fedproc", "fedrs"}
+    if grid.endswith("offline") and "table8" in grid:
+        expected |= {"fml", "rcfl"}
+    assert expected <= methods

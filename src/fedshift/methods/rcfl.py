@@ -1,5 +1,5 @@
 """RCFL (Gudur & Perepu, "Resource-Constrained Federated Learning with Heterogeneous
-Labels and Models", KDD AIoT workshop 2020; arXiv 2011.03206), a model-heterogeneous
+Labels and Models", SIGKDD AIoT workshop, arXiv 2020), a model-heterogeneous
 counterpart: participants share class scores on a public set, the server aggregates
 them class by class, and participants distil toward the aggregate.
 
