@@ -117,12 +117,16 @@ class FedMatch(PublicOptimizerState, AveragingMethod):
         clients = fed.clients
         self.helper_index = helpers = self.rank_helpers(fed)
         totals = torch.zeros(len(clients), device=fed.device)
+        confident = torch.zeros(len(clients), device=fed.device)  # share of public samples above the threshold
         steps = 0
         for raw in fed.public_batches(aug="none"):
             xb = augment(raw, fed.cfg.public_aug, fed.aug_gen)
             xs = augment(raw, "strong", fed.aug_gen) if p.strong_view else xb
             zs = [c.model(xb) for c in clients]
             z_strong = [c.model(xs) for c in clients] if p.strong_view else zs
+            with torch.no_grad():
+                confident += torch.stack([(F.softmax(z, dim=1).max(1).values >= p.confidence).float().mean()
+                                          for z in zs])
             losses = [fedmatch_unlabeled_loss(zs[i], z_strong[i], [zs[h] for h in helpers[i]], p.confidence,
                                               p.lambda_i, p.lambda_a) for i in range(len(clients))]
             for i, (c, loss) in enumerate(zip(clients, losses)):
@@ -133,7 +137,10 @@ class FedMatch(PublicOptimizerState, AveragingMethod):
                 totals[i] += loss.detach()
             steps += 1
         means = (totals / max(steps, 1)).tolist()
-        return {f"{c.name}/train/colla_loss": v for c, v in zip(clients, means)}
+        shares = (confident / max(steps, 1)).tolist()
+        metrics = {f"{c.name}/train/colla_loss": v for c, v in zip(clients, means)}
+        metrics.update({f"{c.name}/train/confident": v for c, v in zip(clients, shares)})
+        return metrics
 
     def state_dict(self) -> Dict[str, Any]:
         opts = self.optimizer_state()
