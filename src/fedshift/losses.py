@@ -43,6 +43,15 @@ __all__ = [
     "prox_term",
     "moon_contrastive_loss",
     "restricted_softmax_ce",
+    "fedproc_alpha",
+    "class_prototypes",
+    "prototype_contrastive_loss",
+    "mutual_learning_losses",
+    "agreement_pseudo_labels",
+    "fedmatch_unlabeled_loss",
+    "rhfl_confidence_weights",
+    "weighted_kl_alignment",
+    "classwise_aggregate",
 ]
 
 
@@ -376,3 +385,167 @@ def restricted_softmax_ce(logits: Tensor, labels: Tensor, present_mask: Tensor, 
     one = torch.ones((), dtype=logits.dtype, device=logits.device)
     scale = torch.where(present_mask.to(torch.bool), one, one * alpha)
     return F.cross_entropy(logits * scale, labels)
+
+
+# ------------------------------------------------- counterparts of FCCL+ Tables VIII/IX/XV (issue 11)
+# FedProx, MOON, FedRS and RHFL's symmetric CE are above (prox_term, moon_contrastive_loss,
+# restricted_softmax_ce, symmetric_ce_loss). Below: FedProc, FML, FedMatch, RHFL's
+# collaborative step and RCFL.
+
+
+def fedproc_alpha(round_index: int, rounds: int, alpha: float, schedule: str = "constant") -> float:
+    """Weight of FedProc's prototype-contrastive term in round ``round_index`` (1-based).
+
+    ``constant``: ``alpha`` (FCCL+ Tab. VII: 0.5). ``linear``: ``1 - (r - 1) / (R - 1)``,
+    from 1 in the first round down to 0 in the last (the annealing of the FedProc paper
+    and of public FedProc code); 1 when ``rounds == 1``.
+    """
+    if schedule == "constant":
+        return float(alpha)
+    if schedule == "linear":
+        if rounds <= 1:
+            return 1.0
+        return 1.0 - (round_index - 1) / (rounds - 1)
+    raise ConfigError(f"fedproc alpha_schedule: unknown {schedule!r}; valid: constant, linear")
+
+
+def class_prototypes(features: Tensor, labels: Tensor, num_classes: int) -> Tuple[Tensor, Tensor]:
+    """Per-class mean feature: ``(num_classes, d)`` prototypes and ``(num_classes,)`` counts.
+
+    Classes without a sample get a zero row and count 0.
+    """
+    counts = torch.bincount(labels, minlength=num_classes).to(features.dtype)
+    sums = torch.zeros(num_classes, features.shape[1], dtype=features.dtype, device=features.device)
+    sums.index_add_(0, labels, features)
+    protos = sums / counts.clamp(min=1).unsqueeze(1)
+    return protos, counts
+
+
+def prototype_contrastive_loss(features: Tensor, labels: Tensor, prototypes: Tensor, present: Tensor,
+                               tau: float = 1.0, similarity: str = "cosine") -> Tensor:
+    """FedProc's prototype-level contrastive loss (Mu et al. 2021).
+
+    Per sample ``-log( exp(s(h, c_y) / tau) / sum_k exp(s(h, c_k) / tau) )`` over the
+    global prototypes ``c_k`` of the classes present (``present``, a (C,) bool mask);
+    ``s`` is the cosine similarity (``cosine``) or the dot product (``dot``). Samples
+    whose class has no prototype are left out; batch mean over the rest (0, still
+    differentiable, when none is left).
+    """
+    present = present.to(torch.bool)
+    if similarity == "cosine":
+        sim = F.normalize(features, dim=1) @ F.normalize(prototypes, dim=1).t()
+    elif similarity == "dot":
+        sim = features @ prototypes.t()
+    else:
+        raise ConfigError(f"fedproc similarity: unknown {similarity!r}; valid: cosine, dot")
+    logits = (sim / tau).masked_fill(~present.unsqueeze(0), float("-inf"))
+    keep = present[labels]
+    if not bool(keep.any()):
+        return features.sum() * 0.0
+    return F.cross_entropy(logits[keep], labels[keep])
+
+
+def mutual_learning_losses(local_logits: Tensor, meme_logits: Tensor, labels: Tensor,
+                           alpha: float, beta: float) -> Tuple[Tensor, Tensor]:
+    """FML's deep mutual learning pair (Shen et al. 2020, Eq. 3-4).
+
+    ``L_local = alpha * CE(local) + (1 - alpha) * KL(p_meme || p_local)`` and
+    ``L_meme = beta * CE(meme) + (1 - beta) * KL(p_local || p_meme)``; each KL's target
+    is detached (the other model is the teacher of that term), KL summed over classes,
+    batch mean. ``alpha = beta = 1`` turns both KL terms off (independent training).
+    """
+    lp_local = F.log_softmax(local_logits, dim=1)
+    lp_meme = F.log_softmax(meme_logits, dim=1)
+    loss_local = alpha * F.nll_loss(lp_local, labels) + (1 - alpha) * _kl_batchmean(lp_meme.detach(), lp_local)
+    loss_meme = beta * F.nll_loss(lp_meme, labels) + (1 - beta) * _kl_batchmean(lp_local.detach(), lp_meme)
+    return loss_local, loss_meme
+
+
+def agreement_pseudo_labels(own_probs: Tensor, helper_probs: Sequence[Tensor]) -> Tensor:
+    """FedMatch's agreement-based pseudo-labels (Jeong et al. 2021, § 3.2): (B,) class indices.
+
+    One vote per model for its arg-max class (the participant's own and each helper's);
+    the label is the class with most votes, ties going to the lowest class index (as
+    ``argmax`` over the vote counts in the FedMatch code).
+    """
+    c = own_probs.shape[1]
+    votes = F.one_hot(own_probs.argmax(1), c)
+    for p in helper_probs:
+        votes = votes + F.one_hot(p.argmax(1), c)
+    return votes.argmax(1)
+
+
+def fedmatch_unlabeled_loss(logits: Tensor, strong_logits: Tensor, helper_logits: Sequence[Tensor],
+                            confidence: float, lambda_i: float, lambda_a: float) -> Tensor:
+    """FedMatch's loss on unlabeled data (inter-client consistency + agreement pseudo-labels).
+
+    Only samples whose own prediction ``softmax(logits)`` reaches ``confidence`` count.
+    On those: ``lambda_i * mean_h KL(p_h || p)`` (consistency with each helper's detached
+    prediction ``p_h``, KL summed over classes, batch mean) plus ``lambda_a * CE`` of the
+    prediction on a strongly augmented view (``strong_logits``) against the agreement
+    pseudo-label of the participant and its helpers. 0 (differentiable) if no sample is
+    confident. The disjoint-parameter (sigma/psi) regularisers of FedMatch are not part of it.
+    """
+    p = F.softmax(logits, dim=1)
+    conf = p.detach().max(1).values >= confidence
+    if not bool(conf.any()):
+        return logits.sum() * 0.0 + strong_logits.sum() * 0.0
+    lp = F.log_softmax(logits[conf], dim=1)
+    helpers = [F.log_softmax(h[conf].detach(), dim=1) for h in helper_logits]
+    loss = logits.new_zeros(())
+    if helpers:
+        loss = loss + lambda_i * torch.stack([_kl_batchmean(h, lp) for h in helpers]).mean()
+    pseudo = agreement_pseudo_labels(p[conf].detach(), [h.exp() for h in helpers])
+    return loss + lambda_a * F.cross_entropy(strong_logits[conf], pseudo)
+
+
+def rhfl_confidence_weights(prev_losses: Sequence[float] | None, losses: Sequence[float], beta: float) -> Tensor:
+    """RHFL client confidence re-weighting (Fang & Ye 2022, § 3.3, as the RHFL code computes it).
+
+    ``losses``: each participant's mean symmetric-CE loss on its private data now;
+    ``prev_losses``: the same one round earlier (None in the first round). Quality
+    ``q_k = (prev_k - now_k) / now_k``; ``a_k = 1/(K-1) + beta * q_k / sum_j q_j``; weights
+    ``softmax(a)`` over all K participants (float64). First round, or a quality sum of
+    0: uniform ``1/(K-1)`` (the RHFL code's start).
+    """
+    k = len(losses)
+    uniform = torch.full((k,), 1.0 / max(k - 1, 1), dtype=torch.float64)
+    if prev_losses is None:
+        return uniform
+    now = torch.tensor([float(v) for v in losses], dtype=torch.float64)
+    prev = torch.tensor([float(v) for v in prev_losses], dtype=torch.float64)
+    quality = (prev - now) / now
+    total = quality.sum()
+    if not torch.isfinite(total) or total.abs() < 1e-12:
+        return uniform
+    return torch.softmax(1.0 / max(k - 1, 1) + beta * quality / total, dim=0)
+
+
+def weighted_kl_alignment(logits: Tensor, others_logits: Sequence[Tensor], weights: Sequence[float] | Tensor) -> Tensor:
+    """RHFL's collaborative loss: ``sum_j w_j KL(p_j || p)`` over the other participants j.
+
+    ``others_logits``: their (B, C) logits (used detached); ``weights``: one per other
+    participant (RHFL: its client confidence). KL summed over classes, batch mean
+    (``KLDivLoss(reduction="batchmean")`` as the RHFL code).
+    """
+    lp = F.log_softmax(logits, dim=1)
+    w = torch.as_tensor(weights, dtype=logits.dtype, device=logits.device)
+    if len(others_logits) != len(w):
+        raise ValueError(f"{len(others_logits)} other participants but {len(w)} weights")
+    terms = [_kl_batchmean(F.log_softmax(o.detach(), dim=1), lp) for o in others_logits]
+    return (torch.stack(terms) * w).sum() if terms else logits.sum() * 0.0
+
+
+def classwise_aggregate(scores: Tensor, class_mask: Tensor) -> Tensor:
+    """RCFL's server aggregation of class scores (Gudur & Perepu 2020).
+
+    ``scores``: (K, B, C) participants' class scores (probabilities) on shared public
+    samples; ``class_mask``: (K, C) bool, which classes each participant holds labels of.
+    Class c's aggregated score is the mean over the participants that hold c (every
+    participant if none does); each row is then renormalised to sum to 1.
+    """
+    m = class_mask.to(scores.dtype)
+    none = m.sum(0) == 0
+    m = torch.where(none.unsqueeze(0), torch.ones_like(m), m)
+    agg = (scores * m.unsqueeze(1)).sum(0) / m.sum(0).unsqueeze(0)
+    return agg / agg.sum(1, keepdim=True).clamp(min=torch.finfo(scores.dtype).tiny)

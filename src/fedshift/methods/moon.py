@@ -1,0 +1,109 @@
+"""MOON (Li, He & Song, "Model-Contrastive Federated Learning", CVPR 2021), a
+counterpart of FCCL+ Table XV (homogeneous).
+
+FedAvg whose local objective adds ``mu * L_con``, the model-contrastive loss of MOON
+Eq. 3 (:func:`fedshift.losses.moon_contrastive_loss`): the representation ``z`` of the
+local model is pulled toward ``z_glob`` of the global model received this round
+(positive pair) and pushed from ``z_prev`` of the participant's own model at the end
+of its previous local updating (negative pair), cosine similarities at temperature
+tau. tau = 0.5, mu = 1 (FCCL+ Table VII; Table XV also prints rows "MOON (tau=5)" and
+"(tau=1)": variants ``moon_tau5`` / ``moon_tau1`` in params/papers/fccl_plus_table15.yaml).
+
+Kept: the two pairs, the temperature and the weight; the global and previous models
+run in eval mode without gradient; in the first round there is no previous local
+model and the contrastive term is 0 (the MOON code's empty model pool gives a
+one-column softmax); model buffer size 1 (MOON's default).
+
+Differs: MOON adds a projection head (a two-layer MLP, output 256) between the
+backbone and the classifier and contrasts its outputs; like the FCCL+ benchmark,
+which keeps the participants' architectures of Table VI, the representation here is
+the backbone's pooled features (``model.features``) and no head is added. The local
+optimiser is the engine's (Adam) rather than SGD.
+
+State across rounds: every participant's previous local model (its weights and
+buffers), in :meth:`MOON.state_dict`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, Literal, Mapping
+
+import torch
+import torch.nn.functional as F
+
+from ..engine.federation import frozen_copy
+from ..losses import moon_contrastive_loss
+from .base import METHODS
+from .fccl import refresh_copy
+from .fedavg import FedAvg
+
+
+@dataclass(frozen=True)
+class MOONParams:
+    init: Literal["scratch", "base"] = "scratch"  # authors' baselines start from scratch
+    weighting: Literal["samples", "uniform"] = "samples"  # FedAvg: weight by n_k
+    tau: float = 0.5  # temperature of the model-contrastive loss (FCCL+ Table VII; MOON: 0.5)
+    mu: float = 1.0  # weight of the model-contrastive loss (FCCL+ Table VII; MOON: 1 or 5)
+
+    def __post_init__(self):
+        if self.tau <= 0 or self.mu < 0:
+            raise ValueError(f"tau must be > 0 and mu >= 0, got tau={self.tau}, mu={self.mu}")
+
+
+def model_state(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    """Detached CPU copies of a model's weights and buffers (for a method's state_dict)."""
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def frozen_from_state(like: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> torch.nn.Module:
+    """A frozen copy of ``like``'s architecture holding ``state``."""
+    m = frozen_copy(like)
+    m.load_state_dict(state)
+    return m
+
+
+@METHODS.register("moon")
+class MOON(FedAvg):
+    """MOON: FedAvg + mu * model-contrastive loss (global model positive, previous local model negative)."""
+
+    name = "moon"
+    Params = MOONParams
+
+    def setup(self, fed) -> None:
+        super().setup(fed)
+        self._clients = list(fed.clients)
+        self._prev: Dict[str, torch.nn.Module] = {}  # participant -> its previous local model (frozen)
+        self._global: Dict[str, torch.nn.Module] = {}  # participant -> this round's global model (frozen)
+
+    def local_update(self, fed, r: int) -> Dict[str, float]:
+        for c in fed.clients:  # the global model of this round: what the participant holds now
+            self._global[c.name] = refresh_copy(self._global.get(c.name), c.model)
+        return super().local_update(fed, r)
+
+    def local_loss(self, fed, client, x, y, step):
+        h, logits = client.model.forward_with_features(x)
+        loss = F.cross_entropy(logits, y)
+        prev = self._prev.get(client.name)
+        if prev is not None and self.p.mu > 0:
+            with torch.no_grad():
+                h_glob = self._global[client.name].features(x)
+                h_prev = prev.features(x)
+            loss = loss + self.p.mu * moon_contrastive_loss(h, h_glob, h_prev, self.p.tau)
+        return loss
+
+    def after_round(self, fed, r: int) -> None:
+        for c in fed.clients:  # the local model, before averaging, is next round's negative
+            self._prev[c.name] = refresh_copy(self._prev.get(c.name), c.model)
+        super().after_round(fed, r)
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"prev": {name: model_state(m) for name, m in self._prev.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        by_name = {c.name: c for c in self._clients}
+        prev = dict(state.get("prev", {}))
+        unknown = sorted(set(prev) - set(by_name))
+        if unknown:
+            raise ValueError(f"moon state names participants {unknown}; this run has {sorted(by_name)}")
+        self._prev = {name: frozen_from_state(by_name[name].model, s) for name, s in prev.items()}
