@@ -4,8 +4,8 @@
   printed cell (columns in :data:`COLUMNS`, contract in that folder's README). A grid names the
   tables it reproduces under ``report.published``; ``report.published_scenarios`` maps an
   offline stand-in scenario to the published one (``{digits_offline: digits}``), and every
-  comparison through that mapping is labelled *proxy* (per-participant cells are compared only
-  where the participant names agree, otherwise only the AVG).
+  comparison through that mapping is labelled *proxy* and compares the AVG only (a stand-in's
+  domains are not the paper's, even where a name such as ``mnist`` agrees).
 * Ours: per seed, the headline number of :func:`fedshift.report.report.headline_frame` (mean of
   the last ``last_k`` rounds) in percent; across seeds the mean ± the 95% confidence half-width
   of Student's t with n − 1 degrees of freedom (:func:`mean_ci`). FedH2L's WDP / CDP / ACC
@@ -287,11 +287,11 @@ def compare(agg: pd.DataFrame, pub: pd.DataFrame, scenario_map: Mapping[str, str
         p = cells[cells["scenario"] == target]
         if p.empty:
             continue
-        ours_parts = set(ours["participant"])
+        ours_parts = set(ours["participant"]) if not proxy else set(SPECIAL_PARTICIPANTS)
         idx = ours.set_index(["method", "participant", "metric"])
         for _, r in p.iterrows():
             if r["participant"] not in ours_parts:
-                continue  # a proxy's domains differ: only AVG (and global) compare
+                continue  # a proxy's domains are not the paper's: only AVG (and global) compare
             key = (r["method"], r["participant"], r["metric"])
             if key not in idx.index:
                 continue
@@ -382,21 +382,22 @@ def evaluate_claims(claims: List[dict], agg: Optional[pd.DataFrame], published: 
         scope = set(c.get("scenarios", []))
         # the paper's own numbers
         names = [t for t in c.get("published", []) if t in published and (paper_tables is None or t in paper_tables)]
-        pub = pd.concat([published[t] for t in names] or [pd.DataFrame(columns=COLUMNS + ["value_num"])])
-        for scen in (sorted(set(pub["scenario"])) if len(pub) else []):
-            if scope and scen not in scope:
-                continue
-            p = pub[pub["participant"] != "delta_base"]
+        for name in names:  # each published table on its own (the same method can differ between tables)
+            p = published[name][published[name]["participant"] != "delta_base"]
+            for scen in sorted(set(p["scenario"])):
+                if scope and scen not in scope:
+                    continue
 
-            def look(method, at, metric, part, scen=scen, p=p):
-                hit = p[(p["scenario"] == (at or scen)) & (p["method"] == method) & (p["metric"] == metric)
-                        & (p["participant"] == part)]
-                return (hit["value_num"].iloc[0], math.nan, 1) if len(hit) else None
+                def look(method, at, metric, part, scen=scen, p=p):
+                    hit = p[(p["scenario"] == (at or scen)) & (p["method"] == method) & (p["metric"] == metric)
+                            & (p["participant"] == part)]
+                    return (hit["value_num"].iloc[0], math.nan, 1) if len(hit) else None
 
-            r = _check(c, look, scen)
-            if r:
-                rows.append(dict(id=c["id"], paper=c["paper"], claim=c["text"], source=c.get("source", ""),
-                                 who="paper", scenario=scen, our_scenario="", public="", structure="", proxy=False, **r))
+                r = _check(c, look, scen)
+                if r:
+                    rows.append(dict(id=c["id"], paper=c["paper"], claim=c["text"], source=c.get("source", ""),
+                                     who=f"paper ({name})", scenario=scen, our_scenario="", public="", structure="",
+                                     proxy=False, **r))
         if agg is None or agg.empty:
             continue
         for (scen, public, struct), g in agg.groupby(["scenario", "public", "structure"], sort=False):
@@ -462,7 +463,7 @@ def summary_markdown(summary: pd.DataFrame) -> str:
 def claims_markdown(claims: pd.DataFrame) -> str:
     lines = ["| claim | paper | where | held | numbers |", "|---|---|---|---|---|"]
     for _, r in claims.iterrows():
-        where = (f"paper: {r['scenario']}" if r["who"] == "paper" else
+        where = (f"{r['who']}: {r['scenario']}" if r["who"].startswith("paper") else
                  f"ours: {r['our_scenario']} / {r['public']} / {r['structure']}" + (f" (proxy for {r['scenario']})" if r["proxy"] else ""))
         held = ("held" + (" (CI-separated)" if r["separated"] and r["who"] == "ours" else "")) if r["held"] else "NOT held"
         lines.append(f"| {r['id']}: {r['claim']} | {r['paper']} | {where} | {held} | {r['pairs']} pairs: {r['numbers']} |")
@@ -553,6 +554,11 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
     verdicts.to_csv(out_dir / "claims.csv", index=False)
     if len(verdicts):
         md += ["### Claims", "", claims_markdown(verdicts)]
+        ours = verdicts[verdicts["who"] == "ours"]
+        paper = verdicts[verdicts["who"] != "ours"]
+        md.append(f"Claims on our runs: {int(ours['held'].sum())} held, {int((~ours['held'].astype(bool)).sum())} not "
+                  f"held ({int(ours['proxy'].sum())} of them on proxy scenarios); on the papers' own tables: "
+                  f"{int(paper['held'].sum())} held, {int((~paper['held'].astype(bool)).sum())} not held.\n")
     flags = published_inconsistencies({k: v for k, v in published.items() if k in wanted})
     if len(flags):
         flags.to_csv(out_dir / "published_flags.csv", index=False)
