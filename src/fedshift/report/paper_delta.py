@@ -471,38 +471,48 @@ def claims_markdown(claims: pd.DataFrame) -> str:
 
 
 def delta_figure(cells: pd.DataFrame, path: Path, title: str) -> None:
-    """Ours (mean ± 95% CI) against the published value, one point per cell; the diagonal = equal."""
+    """Ours (mean ± 95% CI) against the published value, one panel per metric, one point per cell
+    (square = AVG / server model, circle = a participant); the diagonal is agreement."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6.2, 5.4))
+    metrics = list(dict.fromkeys(cells["metric"]))
     methods = list(dict.fromkeys(cells["method"]))
     cmap = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")
-    markers = {"avg": "s", "global": "D"}
-    for i, m in enumerate(methods):
-        g = cells[cells["method"] == m]
-        for is_avg in (False, True):
-            gg = g[g["participant"].isin(["avg", "global"]) == is_avg]
-            if gg.empty:
-                continue
-            ax.errorbar(gg["published"], gg["ours"], yerr=gg["ci"].fillna(0), fmt="s" if is_avg else "o",
-                        ms=8 if is_avg else 5, color=cmap(i % cmap.N), capsize=3, alpha=0.9,
-                        label=m if not is_avg or g["participant"].isin(["avg", "global"]).all() else None,
-                        markeredgecolor="black" if is_avg else "none")
-    lo = float(np.nanmin([cells["published"].min(), (cells["ours"] - cells["ci"].fillna(0)).min()]))
-    hi = float(np.nanmax([cells["published"].max(), (cells["ours"] + cells["ci"].fillna(0)).max()]))
-    pad = (hi - lo) * 0.05 + 1
-    ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="grey", lw=1, ls="--", label="ours = published")
-    ax.set_xlim(lo - pad, hi + pad)
-    ax.set_ylim(lo - pad, hi + pad)
-    ax.set_xlabel("published (%)")
-    ax.set_ylabel("ours (%), mean ± 95% CI over seeds")
-    ax.set_title(title, fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, title="method (square = AVG)", title_fontsize=8, loc="best")
-    fig.tight_layout()
+    colour = {m: cmap(i % cmap.N) for i, m in enumerate(methods)}
+    cols = min(len(metrics), 3)
+    rows = -(-len(metrics) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.8 * rows), squeeze=False)
+    for ax, metric in zip(axes.flat, metrics):
+        c = cells[cells["metric"] == metric]
+        for m in methods:
+            g = c[c["method"] == m]
+            for summary in (False, True):
+                gg = g[g["participant"].isin(["avg", "global"]) == summary]
+                if len(gg):
+                    ax.errorbar(gg["published"], gg["ours"], yerr=gg["ci"].fillna(0), fmt="s" if summary else "o",
+                                ms=8 if summary else 4, color=colour[m], capsize=3, alpha=0.9,
+                                markeredgecolor="black" if summary else "none")
+        err = c["ci"].fillna(0)
+        lo = float(min(c["published"].min(), (c["ours"] - err).min()))
+        hi = float(max(c["published"].max(), (c["ours"] + err).max()))
+        pad = (hi - lo) * 0.08 + 1
+        ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="grey", lw=1, ls="--")
+        ax.set_xlim(lo - pad, hi + pad)
+        ax.set_ylim(lo - pad, hi + pad)
+        ax.set_title(metric, fontsize=10)
+        ax.set_xlabel("published")
+        ax.set_ylabel("ours: mean ± 95% CI over seeds")
+        ax.grid(alpha=0.3)
+    for ax in list(axes.flat)[len(metrics):]:
+        ax.axis("off")
+    handles = [plt.Line2D([], [], marker="s", ls="", color=colour[m], markeredgecolor="black", label=m) for m in methods]
+    handles.append(plt.Line2D([], [], ls="--", color="grey", label="ours = published"))
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), fontsize=8, frameon=False)
+    fig.suptitle(title + "  (square = AVG, circle = a participant)", fontsize=10)
+    fig.tight_layout(rect=(0, 0.06 + 0.03 * (len(handles) > 4), 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -528,8 +538,8 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
     md = ["## Paper delta", "",
           "Ours: mean over seeds ± the 95% confidence half-width (Student t, n − 1 degrees of freedom; n shown) of "
           f"the mean of the last {last_k} rounds. Verdict: *within CI* when |Δ| ≤ half-width, else above / below "
-          "(with n = 1 a point comparison). *proxy*: our scenario stands in for the published one (only AVG cells "
-          "compare where the domains differ). ⚑ = the printed value does not recompute (kept as printed).", ""]
+          "(with n = 1 a point comparison). *proxy*: our scenario stands in for the published one (AVG cells only: "
+          "its domains are not the paper's). ⚑ = the printed value does not recompute (kept as printed).", ""]
     all_cells = []
     for spec in specs:
         cells = compare(agg, tables[spec.name], scenario_map, spec)
