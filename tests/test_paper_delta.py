@@ -235,6 +235,9 @@ def test_compare_proxy_only_avg_and_summary_counts():
     assert s["cells"] == 2 and s["within_ci"] == 1 and s["mean_abs_delta"] == pytest.approx((1.0 + 33.5) / 2)
     assert s["kendall_tau"] == pytest.approx(-1.0) and not s["same_order"]
     assert pdl.compare(agg, pub).empty  # without the mapping rotmnist is not digits
+    same = pub.assign(scenario="rotmnist", participant=pub["participant"].replace({"mnist": "m0"}))
+    direct = pdl.compare(agg, same)
+    assert list(direct["participant"]) == ["m0", "avg", "avg"] and not direct["proxy"].any()  # domains compare too
 
 
 # ----------------------------------------------------------------------------- claims
