@@ -202,6 +202,23 @@ def test_ours_long_avg_and_fedh2l_metrics():
     assert get("avg", "intra/top5") == pytest.approx(83.5)
 
 
+def test_engine_pooled_rows_taken_at_best_validation_round():
+    rows = []
+    for r, (val, acc) in enumerate([(0.0, 0.0), (0.5, 0.60), (0.9, 0.70), (0.9, 0.75), (0.7, 0.80)]):
+        for p in ("m0", "m20"):
+            rows.append(dict(scenario="rotmnist_a10", public="x", method="fedh2l", base_method="fedh2l", structure="st",
+                             seed=0, round=r, participant=p, arch="lenet", domain="val", kind="val_acc", top1=val, top5=1))
+            for kind, off in (("acc", 0.0), ("wdp", 0.1), ("cdp", -0.1)):
+                rows.append(dict(rows[-1], domain="pooled", kind=kind, top1=acc + off))
+    long = pdl.ours_long(pd.DataFrame(rows), last_k=2)
+    got = long.set_index(["participant", "metric"])["value"]
+    assert got[("m0", "acc")] == pytest.approx(70.0)  # round 2: the earliest of the two best validation ACCs
+    assert got[("avg", "wdp")] == pytest.approx(80.0) and got[("m20", "cdp")] == pytest.approx(60.0)
+    no_val = pd.DataFrame([r for r in rows if r["kind"] != "val_acc"])
+    got = pdl.ours_long(no_val, last_k=2).set_index(["participant", "metric"])["value"]
+    assert got[("m0", "acc")] == pytest.approx(77.5)  # no validation rows: mean of the last 2 evaluations
+
+
 def test_global_rows_give_final_accuracy_and_rounds_to_target():
     rows = [dict(scenario="mnist_shards", public="none", method=m, base_method=m, structure="st", seed=s, round=r,
                  participant="server", arch="cnn", domain="test", kind="global", top1=min(0.99, 0.5 + r * step), top5=1.0)

@@ -9,8 +9,10 @@
 * Ours: per seed, the headline number of :func:`fedshift.report.report.headline_frame` (mean of
   the last ``last_k`` rounds) in percent; across seeds the mean ± the 95% confidence half-width
   of Student's t with n − 1 degrees of freedom (:func:`mean_ci`). FedH2L's WDP / CDP / ACC
-  are derived from the same frame: WDP = intra top-1, CDP = inter top-1 (mean over the other
-  domains), ACC = (WDP + (n − 1) CDP) / n (all domains' test sets, equal sizes). Where a run
+  are the engine's pooled rows when the run wrote them (``kind`` wdp / cdp / acc, taken at the
+  best validation ACC, :func:`pooled_selected`), else derived from the same frame: WDP = intra
+  top-1, CDP = inter top-1 (mean over the other domains), ACC = (WDP + (n − 1) CDP) / n (all
+  domains' test sets, equal sizes). Where a run
   table has ``kind == "global"`` rows (a server model evaluated on the test set), they give
   ``global/top1`` and ``rounds_to/<target>`` (first round reaching the target).
 * Verdict per cell: *within CI* when |ours − published| ≤ the half-width, else *above* /
@@ -197,6 +199,28 @@ def _scenario_size(scenario: str) -> Optional[int]:
         return None
 
 
+POOLED = ("wdp", "cdp", "acc")  # FedH2L rows written by the engine (domain "pooled"), when present
+
+
+def pooled_selected(runs: pd.DataFrame, last_k: int = 3) -> pd.DataFrame:
+    """FedH2L's WDP / CDP / ACC rows of the engine, one value per (run, participant, metric): at the
+    evaluation with the best validation ACC (``val_acc`` rows; earliest on ties: the paper keeps the
+    model with the maximal ACC), else the mean of the last ``last_k`` evaluations. Fractions."""
+    keys = ["scenario", "public", "structure", "method", "seed", "participant"]
+    d = runs[runs["round"] > 0]
+    val = d[d["kind"] == "val_acc"]
+    pooled = d[d["kind"].isin(POOLED)]
+    if len(val):
+        v = val.sort_values("round")
+        best = v.loc[v.groupby(keys)["top1"].idxmax(), keys + ["round"]]  # first maximum = earliest round
+        sel = pooled.merge(best, on=keys + ["round"])
+    else:
+        last = pooled.groupby(keys)["round"].transform(lambda r: r.isin(sorted(r.unique())[-last_k:]))
+        sel = pooled[last]
+    out = sel.groupby(keys + ["kind"], as_index=False)["top1"].mean()
+    return out.rename(columns={"kind": "metric", "top1": "value"})[keys + ["metric", "value"]]
+
+
 def ours_long(runs: pd.DataFrame, last_k: int = 3, targets: Sequence[str] = ()) -> pd.DataFrame:
     """One row per (scenario, public, structure, method, seed, participant, metric): value in %.
 
@@ -215,11 +239,13 @@ def ours_long(runs: pd.DataFrame, last_k: int = 3, targets: Sequence[str] = ()) 
                 h = h.assign(metric=f"{kind}/{k}")
                 out.append(h)
         wide = head.pivot_table(index=keys + ["participant"], columns="kind", values="top1").reset_index()
-        if {"inter", "intra"} <= set(wide.columns):
+        if {"inter", "intra"} <= set(wide.columns) and not runs["kind"].isin(POOLED).any():
             n = wide.groupby(keys)["participant"].transform("nunique")
             wide["acc"] = (wide["intra"] + (n - 1) * wide["inter"]) / n
             for metric, col in (("wdp", "intra"), ("cdp", "inter"), ("acc", "acc")):
                 out.append(wide[keys + ["participant", col]].rename(columns={col: "value"}).assign(metric=metric))
+    if runs["kind"].isin(POOLED).any():
+        out.append(pooled_selected(runs, last_k))
     glob = runs[runs["kind"] == "global"]
     if len(glob):
         per_round = glob.groupby(keys + ["round"], as_index=False)["top1"].mean()
@@ -530,7 +556,8 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
     ``published_flags.csv`` into ``out_dir``; return the Markdown section."""
     out_dir = Path(out_dir)
     specs = [PublishedSpec.parse(e) for e in report_cfg.get("published", []) or []]
-    scenario_map = dict(report_cfg.get("published_scenarios", {}) or {})
+    # published_as: the same mapping under the name the rounds-to-accuracy report uses
+    scenario_map = {**(report_cfg.get("published_as") or {}), **(report_cfg.get("published_scenarios") or {})}
     published = all_published(published_root)
     tables = {s.name: load_published(s.name, published_root) for s in specs}
     targets = sorted({m.split("/", 1)[1] for t in tables.values() for m in t["metric"] if m.startswith("rounds_to/")})
