@@ -158,7 +158,7 @@ def test_check_printed_catches_bad_average_delta_and_reduction():
 
 
 def test_load_published_fails_early_on_unknown_name(tmp_path):
-    with pytest.raises(Exception, match="known: fccl_1"):
+    with pytest.raises(Exception, match="known: fccl_plus_fig9, fccl_plus_table10"):
         pdl.load_published("fccl_9", PUBLISHED)
     (tmp_path / "bad.csv").write_text("paper,table,value\nx,1,2\n")
     with pytest.raises(Exception, match="columns must be"):
@@ -300,15 +300,15 @@ def test_claim_held_not_held_and_lower_is_better():
 def test_report_has_delta_tables_claims_flags_and_figure(tmp_path):
     csv = tmp_path / "runs.csv"
     runs(methods=("base", "fcclp_fccm", "fcclp_nofntd", "fccl_plus")).to_csv(csv, index=False)
-    cfg = {"title": "t", "published": ["fccl_plus_x", {"name": "fccl_plus_viii", "structures": ["other"]}],
+    cfg = {"title": "t", "published": ["fccl_plus_table10", {"name": "fccl_plus_table8", "structures": ["other"]}],
            "published_scenarios": {"rotmnist": "digits"}}
     names = {p.name for p in make_report(csv, tmp_path / "rep", cfg, tracking=False)}
-    assert {"delta__fccl_plus_x.csv", "delta__fccl_plus_x.png", "delta_summary.csv", "claims.csv",
+    assert {"delta__fccl_plus_table10.csv", "delta__fccl_plus_table10.png", "delta_summary.csv", "claims.csv",
             "published_flags.csv", "ci_table_inter__rotmnist__photo_patches__st.csv"} <= names
-    assert "delta__fccl_plus_viii.csv" not in names  # limited to structure "other"
+    assert "delta__fccl_plus_table8.csv" not in names  # limited to structure "other"
     md = (tmp_path / "rep/report.md").read_text()
     assert "## Paper delta" in md and "PROXY: ours on rotmnist" in md and "± = 95% confidence" in md
-    cells = pd.read_csv(tmp_path / "rep/delta__fccl_plus_x.csv")
+    cells = pd.read_csv(tmp_path / "rep/delta__fccl_plus_table10.csv")
     assert set(cells["participant"]) == {"avg"} and set(cells["metric"]) == {"inter/top1", "intra/top1"}
     assert (cells["n"] == 3).all() and cells["proxy"].all()
     flagged = cells[cells["flag"].fillna("") != ""]
@@ -316,7 +316,7 @@ def test_report_has_delta_tables_claims_flags_and_figure(tmp_path):
     claims = pd.read_csv(tmp_path / "rep/claims.csv")
     ours = claims[(claims["who"] == "ours") & (claims["id"] == "fcclp_components_add_up")]
     assert len(ours) == 1 and ours["proxy"].all()
-    png = tmp_path / "rep/delta__fccl_plus_x.png"
+    png = tmp_path / "rep/delta__fccl_plus_table10.png"
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 10_000
     ci = pd.read_csv(tmp_path / "rep/ci_table_inter__rotmnist__photo_patches__st.csv", index_col=0)
     assert ci.loc["base", "AVG→"] == pytest.approx(4.303 / math.sqrt(3), abs=0.01)
