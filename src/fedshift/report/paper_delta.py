@@ -323,13 +323,15 @@ def compare(agg: pd.DataFrame, pub: pd.DataFrame, scenario_map: Mapping[str, str
                 continue
             o = idx.loc[key]
             o = o.iloc[0] if isinstance(o, pd.DataFrame) else o
-            rows.append(dict(table=f"{r['paper']} {r['table']}", source=r["source"], scenario=target, our_scenario=scen,
+            label = r["table"] if r["table"].startswith(("Fig", "text")) else f"Table {r['table']}"
+            rows.append(dict(table=f"{r['paper']} {label}", source=r["source"], scenario=target, our_scenario=scen,
                              public=public, structure=struct, method=r["method"], participant=r["participant"],
                              metric=r["metric"], n=int(o["n"]), ours=o["mean"], ci=o["ci"],
                              published=r["value_num"], delta=o["mean"] - r["value_num"],
-                             verdict=verdict(o["mean"], o["ci"], r["value_num"]), proxy=proxy, flag=r["flag"]))
+                             verdict=verdict(o["mean"], o["ci"], r["value_num"]), proxy=proxy, flag=r["flag"],
+                             note=r["note"]))
     cols = ["table", "source", "scenario", "our_scenario", "public", "structure", "method", "participant", "metric",
-            "n", "ours", "ci", "published", "delta", "verdict", "proxy", "flag"]
+            "n", "ours", "ci", "published", "delta", "verdict", "proxy", "flag", "note"]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -471,6 +473,10 @@ def cells_markdown(cells: pd.DataFrame, title: str) -> str:
     flagged = cells[cells["flag"] != ""]
     for _, r in flagged.drop_duplicates("flag").iterrows():
         lines.append(f"\n⚑ {r['method']} / {r['participant']}: {r['flag']}")
+    reused = cells[cells["note"].str.contains("same numbers as", na=False)]
+    for method, g in reused.groupby("method", sort=False):
+        src = g["note"].iloc[0].split("same numbers as", 1)[1].split(";")[0].strip()
+        lines.append(f"\n↺ {method}: the paper reprints the same numbers as {src}")
     return "\n".join(lines) + "\n"
 
 
