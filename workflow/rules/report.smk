@@ -1,6 +1,13 @@
 # Gather every run into one tidy table, then draw the paper-style tables and figures.
 # Paths: results/{collect,report} for the main grid, results/ablations/<name>/ for a
-# named grid (report.name), see common.smk.
+# named grid (report.name), see common.smk. The report also compares with the published
+# tables the grid names (report.published) and evaluates the papers' claims, so both are inputs.
+
+PUBLISHED_CSVS = [
+    f"params/papers/published/{e if isinstance(e, str) else e['name']}.csv"
+    for e in PLAN.report.get("published", []) or []
+]
+CLAIMS = [p for p in ["params/papers/claims.yaml"] if os.path.exists(p)]
 
 
 rule collect:
@@ -25,6 +32,8 @@ rule report:
     input:
         runs=COLLECT_CSV,
         config=REPORT_CONFIG,
+        published=PUBLISHED_CSVS,
+        claims=CLAIMS,
     output:
         directory(REPORT_DIR),
     conda:

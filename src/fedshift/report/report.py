@@ -67,6 +67,17 @@ def paper_table(head: pd.DataFrame, kind: str, metric: str,
     return out, std.round(2)
 
 
+def ci_table(std: pd.DataFrame, n: pd.Series) -> pd.DataFrame:
+    """95% confidence half-width of the seed mean (Student t, n - 1 dof) from the std table; nan for n < 2."""
+    from .paper_delta import t_critical
+
+    half = std.copy()
+    for method in std.index:
+        k = int(n.loc[method])
+        half.loc[method] = std.loc[method] * t_critical(k) / k ** 0.5 if k >= 2 else float("nan")
+    return half.round(2)
+
+
 def to_markdown(table: pd.DataFrame, title: str, std: Optional[pd.DataFrame] = None) -> str:
     cols = [c for c in table.columns if c != "seeds"]
     lines = [f"### {title}", "", "| method | " + " | ".join(cols) + " | seeds |",
@@ -127,7 +138,9 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
     with atomic_dir(Path(out_dir)) as tmp:
         head = headline_frame(df, last_k)
         md = [f"# {report_cfg.get('title', 'fedshift report')}", "",
-              f"Mean accuracy (%) of the last {last_k} communication rounds; ± = std over seeds.", ""]
+              f"Mean accuracy (%) of the last {last_k} communication rounds, averaged over seeds; ± = 95% "
+              "confidence half-width of that mean (Student t, seeds − 1 degrees of freedom; n = the seeds "
+              "column; none with one seed). std_table_*.csv hold the seed std, ci_table_*.csv the half-widths.", ""]
         if (df["method"] == "base_pretrain").any():
             md += ["`base_pretrain` is the papers' SOLO/BASE row: each participant trained alone on its private "
                    "data for `pretrain.epochs` epochs (the pretrain runs, final epoch); `base` is the same without "
@@ -140,7 +153,9 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
                 t, sd = paper_table(h, kind, metric)
                 t.to_csv(tmp / f"table_{kind}__{slug}.csv")
                 sd.to_csv(tmp / f"std_table_{kind}__{slug}.csv")  # std over seeds, same layout
-                md.append(to_markdown(t, f"{tname} {metric}: {scen} / public {pub} / {struct}", sd))
+                ci = ci_table(sd, t["seeds"])
+                ci.to_csv(tmp / f"ci_table_{kind}__{slug}.csv")  # 95% CI half-width, same layout
+                md.append(to_markdown(t, f"{tname} {metric}: {scen} / public {pub} / {struct}", ci))
             sub = df[(df.scenario == scen) & (df.public == pub) & (df.structure == struct)]
             curves_figure(sub, tmp / f"curves__{slug}.png", f"{scen} / public {pub} / {struct}")
             md.append(f"![curves](curves__{slug}.png)\n")
@@ -159,8 +174,11 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
                     t, sd = paper_table(hh, kind, metric, spec["methods"])
                     both.append(t.drop(columns="seeds") if kind == "inter" else t)
                     md.append(to_markdown(t, f"{spec.get('title', spec['name'])} ({kind}, {metric}): "
-                                             f"{scen} / {pub} / {struct}", sd))
+                                             f"{scen} / {pub} / {struct}", ci_table(sd, t["seeds"])))
                 pd.concat(both, axis=1).to_csv(tmp / f"{spec['name']}__{_slug(scen, pub, struct)}.csv")
+        from .paper_delta import delta_report  # published tables (report.published) and the papers' claims
+
+        md += delta_report(df, report_cfg, tmp, last_k)
         (tmp / "report.md").write_text("\n".join(md))
         written = sorted(tmp.iterdir())
     final = [Path(out_dir) / p.name for p in written]
