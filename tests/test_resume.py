@@ -22,7 +22,7 @@ from fedshift.experiments import load_experiments
 from helpers import tiny_federation
 
 DATA = {"scenarios": {"rotmnist": {}}, "public": {"photo_patches": {}}}
-ROUNDS = 5
+ROUNDS = 6
 
 
 def _config(root, tmp_path, method="fcclp_resume", rounds=ROUNDS, **engine):
@@ -59,7 +59,9 @@ def test_sigkill_at_random_round_then_rerun_is_bit_identical(tiny_data, tmp_path
     runner.run_federate(cfg, ref)
     assert not checkpoint.partial_dir(ref).exists()  # a finished job removes its checkpoint area
 
-    kill_after = random.Random().randint(1, ROUNDS - 2)  # a random round, different on every run
+    # A random round, different on every run, at least two rounds before the end so that the
+    # kill lands before the job could finish.
+    kill_after = random.Random().randint(1, ROUNDS - 3)
     out = tmp_path / "out"
     partial = checkpoint.partial_dir(out)
     cmd = [sys.executable, "-m", "fedshift.cli", "federate", str(cfg_path), str(out), "--no-tracking"]

@@ -600,8 +600,9 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
         ours = verdicts[verdicts["who"] == "ours"]
         paper = verdicts[verdicts["who"] != "ours"]
         md.append(f"Claims on our runs: {int(ours['held'].sum())} held, {int((~ours['held'].astype(bool)).sum())} not "
-                  f"held ({int(ours['proxy'].sum())} of them on proxy scenarios); on the papers' own tables: "
-                  f"{int(paper['held'].sum())} held, {int((~paper['held'].astype(bool)).sum())} not held.\n")
+                  f"held ({int(ours['proxy'].sum())} of these {len(ours)} evaluations on proxy scenarios); on the "
+                  f"papers' own tables: {int(paper['held'].sum())} held, {int((~paper['held'].astype(bool)).sum())} "
+                  "not held.\n")
     flags = published_inconsistencies({k: v for k, v in published.items() if k in wanted})
     if len(flags):
         flags.to_csv(out_dir / "published_flags.csv", index=False)
