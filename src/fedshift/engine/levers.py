@@ -10,7 +10,8 @@ not apply, so a config that names them runs anywhere:
   unchanged), so local steps, collaborative steps and evaluation run compiled.
   ``reduce-overhead`` adds CUDA graphs (measured 2.8-3.1x per step on an H100); on the
   CPU it is the same as ``default`` (inductor, 1.1-1.5x per step after 40-160 s of
-  compilation). The last partial batch of an epoch runs eagerly
+  compilation; inductor's layout optimisation is turned off there: with it, torch 2.13
+  computed wrong convolution weight gradients on the CPU). The last partial batch of an epoch runs eagerly
   (``torch.compiler.set_stance("force_eager")``): no recompilation, no second graph.
 * ``cuda_graphs: true`` - without compile, the participant's training-mode forward and
   backward at the full local batch are captured once with
@@ -198,6 +199,13 @@ class EngineLevers:
             need = 8 * max(len(models), 1) + 8
             dynamo_cfg.recompile_limit = max(dynamo_cfg.recompile_limit, need)
             dynamo_cfg.accumulated_recompile_limit = max(dynamo_cfg.accumulated_recompile_limit, 4 * need)
+            if not self.cuda:
+                # torch 2.13, CPU: inductor's layout optimisation (channels_last convolutions)
+                # returned ZERO weight gradients for the first conv of LeNet and wrong ones for the
+                # second (tests/test_levers.py catches it); without it compiled == eager to 1e-8.
+                import torch._inductor.config as inductor_cfg
+
+                inductor_cfg.layout_optimization = False
             mode = None if self.compile == "default" else self.compile
             if mode == "reduce-overhead" and not self.cuda:
                 mode = None  # CUDA graphs need CUDA: plain inductor on the CPU
