@@ -211,6 +211,8 @@ class EngineLevers:
                 mode = None  # CUDA graphs need CUDA: plain inductor on the CPU
             for m in models:
                 m.compile(mode=mode, dynamic=False)
+                if hasattr(m, "forward_with_features"):  # the collaborative steps' entry point (FCCL, FedMD...)
+                    m.forward_with_features = torch.compile(m.forward_with_features, mode=mode, dynamic=False)
 
     def _capture(self, model: torch.nn.Module, x: torch.Tensor) -> None:
         """Hand-captured CUDA graph of the model's train-mode forward+backward at x's shape."""
