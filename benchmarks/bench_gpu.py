@@ -14,6 +14,9 @@ Three tables:
    round, B = 10, E = 2, SGD): rounds/s with the clients trained one after another vs
    fused (``engine/fused.py``), measured alternately (A B A B).
 3. **Per-step time, compile vs eager** for small models, alternately.
+4. **Packed runs** (``--tables packed``): k copies of table 1's eager round (whole
+   processes, start-up and warm-up included) at once on the device, k = 1, 2, 4, 8;
+   each job gets ``FEDSHIFT_GPU_SLOT=i`` (docs/gpu.md). Throughput = jobs per hour.
 
 On a CPU-only machine the GPU-only levers are skipped and the tables say so; use
 ``--quick`` (small sizes) there: the full sizes take hours on 2 cores.
@@ -28,6 +31,7 @@ import argparse
 import copy
 import os
 import platform
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -290,11 +294,39 @@ def step_bench(args, device: torch.device) -> None:
     print()
 
 
+# ------------------------------------------------------------------ table 4
+def packed_bench(args, device: torch.device) -> None:
+    print(f"## 4. Packed runs: k processes at once, each one FCCL+ Digits round (eager, {args.rounds} timed "
+          f"after a warm-up, {'--quick' if args.quick else 'full'} sizes)\n")
+    print("| k | wall (s) | jobs/hour | throughput vs k=1 |")
+    print("| --- | ---: | ---: | ---: |")
+    base = None
+    for k in args.packed:
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--tables", "digits", "--levers", "eager",
+               "--device", args.device, "--rounds", str(args.rounds), "--archs", *args.archs]
+        cmd += ["--quick"] if args.quick else []
+        cmd += ["--threads", str(args.threads)] if args.threads else []
+        t = time.perf_counter()
+        procs = [subprocess.Popen(cmd, env={**os.environ, "FEDSHIFT_GPU_SLOT": str(i)}, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL) for i in range(k)]
+        codes = [p.wait() for p in procs]
+        wall = time.perf_counter() - t
+        if any(codes):
+            print(f"| {k} | failed (exit codes {codes}) | - | - |")
+            continue
+        rate = k / wall * 3600
+        base = base or rate
+        print(f"| {k} | {wall:.1f} | {rate:.1f} | {rate / base:.2f}x |", flush=True)
+    print()
+
+
 def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--device", default="auto")
     p.add_argument("--quick", action="store_true", help="small sizes (CPU)")
-    p.add_argument("--tables", nargs="+", default=["digits", "fedavg", "steps"], choices=["digits", "fedavg", "steps"])
+    p.add_argument("--tables", nargs="+", default=["digits", "fedavg", "steps"],
+                   choices=["digits", "fedavg", "steps", "packed"])
+    p.add_argument("--packed", nargs="+", type=int, default=[1, 2, 4, 8], metavar="K", help="jobs at once (table 4)")
     p.add_argument("--levers", nargs="+", default=list(LEVERS), choices=list(LEVERS))
     p.add_argument("--archs", nargs="+", default=DIGITS_ARCHS)
     p.add_argument("--rounds", type=int, default=1, help="timed rounds of table 1 after the warm-up")
@@ -331,6 +363,8 @@ def main(argv=None) -> None:
         fedavg_bench(args, device)
     if "steps" in args.tables:
         step_bench(args, device)
+    if "packed" in args.tables:
+        packed_bench(args, device)
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import torch
 
 from fedshift.config import resolve
 from fedshift.engine.config import EngineConfig
+from fedshift.engine.federation import frozen_copy
 from fedshift.engine.levers import (AMP_BY_FAMILY, EngineLevers, amp_dtype, interleave, model_family,
                                     slot_device)
 from fedshift.errors import ConfigError
@@ -167,6 +168,15 @@ def test_compiled_training_equals_eager_with_a_partial_last_batch(tiny_data):
     assert_same_weights(weights(eager), weights(comp), rtol=1e-4, atol=1e-5)
     # state-dict names unchanged by in-place compile (checkpoints stay loadable)
     assert list(comp.clients[0].model.state_dict()) == list(eager.clients[0].model.state_dict())
+    # a deep copy (teachers, frozen copies) runs its OWN weights, through both entry points
+    teacher = frozen_copy(comp.clients[0].model)
+    with torch.no_grad():
+        for p in teacher.parameters():
+            p.zero_()
+        x = torch.randn(4, 1, 28, 28)
+        assert teacher(x).abs().max() == 0
+        assert teacher.forward_with_features(x)[1].abs().max() == 0
+        assert comp.clients[0].model.forward_with_features(x)[1].abs().max() > 0
 
 
 # -------------------------------------------------------------- CUDA only

@@ -41,6 +41,7 @@ not apply, so a config that names them runs anywhere:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import re
@@ -210,9 +211,14 @@ class EngineLevers:
             if mode == "reduce-overhead" and not self.cuda:
                 mode = None  # CUDA graphs need CUDA: plain inductor on the CPU
             for m in models:
+                if getattr(m, "_compiled_call_impl", None) is not None:
+                    continue  # the same model object twice (simulations sharing one model)
                 m.compile(mode=mode, dynamic=False)
-                if hasattr(m, "forward_with_features"):  # the collaborative steps' entry point (FCCL, FedMD...)
-                    m.forward_with_features = torch.compile(m.forward_with_features, mode=mode, dynamic=False)
+                fwf = getattr(type(m), "forward_with_features", None)
+                if fwf is not None:  # the collaborative steps' entry point (FCCL, FedMD...)
+                    # partial(compiled unbound function, module): deepcopy (teachers, frozen copies)
+                    # rebinds it to the copy, where a compiled bound method would run the original.
+                    m.forward_with_features = functools.partial(torch.compile(fwf, mode=mode, dynamic=False), m)
 
     def _capture(self, model: torch.nn.Module, x: torch.Tensor) -> None:
         """Hand-captured CUDA graph of the model's train-mode forward+backward at x's shape."""
