@@ -88,7 +88,8 @@ def synthetic(sizes: Dict, shape=(3, 32, 32), classes: int = 10, seed: int = 0, 
 
     clients = []
     for i, (n, t) in enumerate(zip(sizes["private"], sizes["test"])):
-        clients.append(ClientData(f"p{i}", f"d{i}", {"private": (images(n), labels(n)), "test": (images(t), labels(t))}))
+        splits = {"private": (images(n), labels(n)), "test": (images(t), labels(t))}
+        clients.append(ClientData(f"p{i}", f"d{i}", splits))
     return FederatedData("synthetic", classes, shape, clients, images(sizes["public"]) if public else None,
                          "synthetic" if public else None)
 

@@ -53,7 +53,8 @@ def sequential(model, batches, cfg: FusedOptimizer):
 
 @pytest.mark.parametrize("cfg", [FusedOptimizer("sgd", lr=0.1, momentum=0.9, weight_decay=1e-3),
                                  FusedOptimizer("sgd", lr=0.1),
-                                 FusedOptimizer("adam", lr=0.01, weight_decay=1e-3)], ids=["sgd-momentum", "sgd", "adam"])
+                                 FusedOptimizer("adam", lr=0.01, weight_decay=1e-3)],
+                         ids=["sgd-momentum", "sgd", "adam"])
 def test_fused_equals_sequential_in_float64(cfg):
     # Unequal client sizes: partial last batches (7 = 4 + 3) and a client that finishes early (5 < 12).
     model = tiny_cnn()

@@ -35,16 +35,20 @@ class EngineConfig:
     # GPU levers (engine/levers.py, engine/fused.py, docs/gpu.md). All off by default: none was
     # measured faster on the CPU here, and the GPU figures of this implementation are unmeasured.
     # YAML reads a bare off/on as false/true: the mode keys accept booleans (false = "off").
-    compile: Union[bool, Literal["off", "default", "reduce-overhead"]] = "off"  # torch.compile every participant (CPU: 1.1-1.5x/step after 40-160 s compiling)
-    cuda_graphs: bool = False  # hand-captured CUDA graph of the local forward/backward (CUDA only; H100: 1.4x/step)
+    # torch.compile of every participant (CPU: 1.1-1.5x per step after 40-160 s of compiling)
+    compile: Union[bool, Literal["off", "default", "reduce-overhead"]] = "off"
+    cuda_graphs: bool = False  # CUDA graph of the local forward/backward (CUDA only; H100: 1.4x/step)
     overlap_participants: bool = False  # interleave participants' local steps on CUDA streams (H100: 1.2x for 4 models)
-    amp: Union[bool, Literal["off", "bf16", "auto"]] = "off"  # CUDA bf16 autocast of local steps; auto = per model family (levers.AMP_BY_FAMILY)
+    # CUDA bf16 autocast of local steps; auto = per model family (levers.AMP_BY_FAMILY)
+    amp: Union[bool, Literal["off", "bf16", "auto"]] = "off"
     cudnn_benchmark: bool = False  # cuDNN autotuning (slower first round)
-    fused_clients: Union[bool, Literal["off", "on", "auto"]] = "off"  # torch.func-batched clients for FedAvg-style methods; auto = on CUDA only
+    # torch.func-batched clients for FedAvg-style methods (engine/fused.py); auto = on CUDA only
+    fused_clients: Union[bool, Literal["off", "on", "auto"]] = "off"
 
     def __post_init__(self):
         for key, allowed, on in (("compile", ("off", "default", "reduce-overhead"), "default"),
-                                 ("amp", ("off", "bf16", "auto"), "bf16"), ("fused_clients", ("off", "on", "auto"), "on")):
+                                 ("amp", ("off", "bf16", "auto"), "bf16"),
+                                 ("fused_clients", ("off", "on", "auto"), "on")):
             if isinstance(getattr(self, key), bool):
                 object.__setattr__(self, key, on if getattr(self, key) else "off")
             if getattr(self, key) not in allowed:
