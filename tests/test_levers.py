@@ -201,3 +201,28 @@ def test_cuda_levers_equal_eager(tiny_data, lever):
     for k in ref:
         assert got[k] == pytest.approx(ref[k], rel=1e-4)
     assert_same_weights(weights(a), weights(b), rtol=1e-3, atol=1e-5)
+
+
+def test_graphed_forward_dispatch_and_deepcopy():
+    """The cuda_graphs wrapper's logic, without CUDA: graph only inside a local step at the
+    captured shape; a deep copy (teacher) runs its own weights, not the original's graph."""
+    import copy
+
+    from fedshift.engine.levers import _GraphedForward
+
+    lev = EngineLevers(EngineConfig(), torch.device("cpu"))
+    model = torch.nn.Linear(3, 2)
+    model.forward = _GraphedForward(lev, model, (4, 3), lambda x: "graphed", model.forward)
+    x4, x5 = torch.ones(4, 3), torch.ones(5, 3)
+    assert isinstance(model(x4), torch.Tensor)  # outside a local step: eager
+    lev._in_local[id(model)] = True
+    assert model(x4) == "graphed"
+    assert isinstance(model(x5), torch.Tensor)  # another shape: eager
+    model.eval()
+    assert isinstance(model(x4), torch.Tensor)  # eval mode: eager
+    model.train()
+    teacher = copy.deepcopy(model)
+    with torch.no_grad():
+        teacher.weight.zero_()
+        teacher.bias.zero_()
+    assert torch.equal(teacher(x4), torch.zeros(4, 2))

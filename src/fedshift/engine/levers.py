@@ -157,6 +157,31 @@ def drive(stepper: Iterator):
 
 
 # ------------------------------------------------------------------ levers
+class _GraphedForward:
+    """A participant's forward under ``engine.cuda_graphs``: the captured graph for the local
+    step's shape, the model's own forward for anything else.
+
+    A deep copy (teachers, frozen copies) gets the class's plain forward bound to the copy:
+    a copied closure would run the original model's graph and weights.
+    """
+
+    def __init__(self, levers: "EngineLevers", model: torch.nn.Module, shape: Tuple[int, ...], graphed, orig):
+        self.levers, self.model, self.shape, self.graphed, self.orig = levers, model, shape, graphed, orig
+
+    def __call__(self, *args, **kwargs):
+        m = self.model
+        if (self.levers._in_local.get(id(m)) and m.training and torch.is_grad_enabled() and not kwargs
+                and len(args) == 1 and tuple(args[0].shape) == self.shape):
+            return self.graphed(*args)
+        return self.orig(*args, **kwargs)
+
+    def __deepcopy__(self, memo):
+        copied = memo.get(id(self.model))
+        if copied is None:  # the forward copied on its own: keep pointing at the original
+            return self
+        return functools.partial(type(self.model).forward, copied)
+
+
 class EngineLevers:
     """The speed switches of one Federation, applied to its participants' models and steps."""
 
@@ -233,17 +258,8 @@ class EngineLevers:
         torch.cuda.synchronize(self.device)
         torch.cuda.make_graphed_callables(model, (x.detach().clone(),))
         graphed = model.forward  # make_graphed_callables installed it on the instance
-        shape = tuple(x.shape)
-        levers = self
-
-        def forward(*args, **kwargs):
-            if (levers._in_local.get(key) and model.training and torch.is_grad_enabled() and not kwargs
-                    and len(args) == 1 and tuple(args[0].shape) == shape):
-                return graphed(*args)
-            return orig(*args, **kwargs)
-
-        model.forward = forward
-        self._graphed[key] = (shape, graphed)
+        model.forward = _GraphedForward(self, model, tuple(x.shape), graphed, orig)
+        self._graphed[key] = (tuple(x.shape), graphed)
 
     @contextlib.contextmanager
     def local_step(self, model: torch.nn.Module, arch: str, x: torch.Tensor, full_batch: int):
@@ -255,14 +271,14 @@ class EngineLevers:
                     stack.enter_context(torch.compiler.set_stance("force_eager"))
                 elif self.compile == "reduce-overhead" and self.cuda:
                     torch.compiler.cudagraph_mark_step_begin()
-            elif self.cuda_graphs and self.cuda and not partial:
+            dtype = amp_dtype(self.amp, arch, self.device)
+            if dtype is not None:
+                # cache off: required with graphed callables (captured below, inside autocast)
+                stack.enter_context(torch.autocast("cuda", dtype=dtype, cache_enabled=False))
+            if self.compile == "off" and self.cuda_graphs and self.cuda and not partial:
                 self._capture(model, x)
                 self._in_local[id(model)] = True
                 stack.callback(self._in_local.pop, id(model), None)
-            dtype = amp_dtype(self.amp, arch, self.device)
-            if dtype is not None:
-                # cache off: required with graphed callables, harmless otherwise
-                stack.enter_context(torch.autocast("cuda", dtype=dtype, cache_enabled=False))
             yield
 
     # -- participants ---------------------------------------------------------------
