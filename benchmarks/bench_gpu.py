@@ -135,6 +135,7 @@ def digits_round(args, levers: Dict, device: torch.device) -> Dict[str, float]:
             sync(device)
             out[name] = out.get(name, 0.0) + (time.perf_counter() - t) / args.rounds
     out["paper round (20 local epochs)"] = out["collaborative"] + 20 * out["local (1 epoch, all)"] + out["evaluation"]
+    out["evaluation share of a paper round (%)"] = 100 * out["evaluation"] / out["paper round (20 local epochs)"]
     out["warm-up extra (compile/capture)"] = warm - (out["collaborative"] + out["local (1 epoch, all)"]
                                                      + out["evaluation"])
     if device.type == "cuda":

@@ -43,6 +43,7 @@ For a loss other than cross-entropy pass ``objective`` (see :func:`train_clients
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
@@ -129,50 +130,76 @@ def _pad(batches: Sequence[Optional[Batch]], size: int, like: Batch) -> Tuple[Te
 
 
 class _StackedOptimizer:
-    """torch.optim.SGD / Adam on stacked parameters, one step counter per client."""
+    """torch.optim.SGD / Adam on stacked parameters, one step counter per client.
+
+    Which clients step is known on the host (who had a batch), so the update needs no host
+    sync: all clients active (the usual case) updates the stacks in place; otherwise the
+    active rows are gathered, updated and written back.
+    """
 
     def __init__(self, cfg: FusedOptimizer, params: Dict[str, Tensor], clients: int):
         self.cfg = cfg
-        self.steps = torch.zeros(clients, dtype=torch.int64, device=next(iter(params.values())).device)
-        self.state = {n: {} for n in params}
-
-    @staticmethod
-    def _col(v: Tensor, like: Tensor) -> Tensor:
-        return v.view(-1, *([1] * (like.dim() - 1)))
+        self.steps = [0] * clients
+        self.state: Dict[str, Dict[str, Tensor]] = {n: {} for n in params}
 
     @torch.no_grad()
-    def step(self, params: Dict[str, Tensor], grads: Dict[str, Tensor], active: Tensor) -> None:
-        cfg = self.cfg
-        first = self.steps == 0
-        self.steps += active.long()
+    def step(self, params: Dict[str, Tensor], grads: Dict[str, Tensor], active: Sequence[bool]) -> None:
+        idx = [i for i, a in enumerate(active) if a]
+        if not idx:
+            return
+        steps = [self.steps[i] + 1 for i in idx]
+        for i in idx:
+            self.steps[i] += 1
+        full = len(idx) == len(active)
         for n, p in params.items():
-            g = grads[n]
-            if cfg.weight_decay:
-                g = g + cfg.weight_decay * p
-            act = self._col(active, p)
             st = self.state[n]
-            if cfg.kind == "sgd":
-                if cfg.momentum:
-                    buf = st.get("buf")
-                    if buf is None:
-                        buf = st["buf"] = torch.zeros_like(p)
-                    # torch.optim.SGD: the first step's buffer is the gradient itself
-                    new = torch.where(self._col(first, p), g, cfg.momentum * buf + g)
-                    buf.copy_(torch.where(act, new, buf))
-                    g = buf
-                p.copy_(torch.where(act, p - cfg.lr * g, p))
+            if not st:
+                st.update({k: torch.zeros_like(p) for k in (("buf",) if self.cfg.kind == "sgd" else ("m", "v"))})
+            if full:
+                self._update(p, grads[n], st, steps)
             else:
-                b1, b2 = cfg.betas
-                if "m" not in st:
-                    st["m"], st["v"] = torch.zeros_like(p), torch.zeros_like(p)
-                m, v = st["m"], st["v"]
-                m.copy_(torch.where(act, m.lerp(g, 1 - b1), m))
-                v.copy_(torch.where(act, v * b2 + (1 - b2) * g * g, v))
-                t = self._col(self.steps.clamp(min=1).to(p.dtype), p)
-                bc1 = 1 - b1 ** t
-                bc2_sqrt = (1 - b2 ** t).sqrt()
-                denom = v.sqrt() / bc2_sqrt + cfg.eps
-                p.copy_(torch.where(act, p - (cfg.lr / bc1) * m / denom, p))
+                rows = torch.tensor(idx, device=p.device)
+                sub_p, sub_st = p[rows], {k: v[rows] for k, v in st.items()}
+                self._update(sub_p, grads[n][rows], sub_st, steps)
+                p[rows] = sub_p
+                for k, v in sub_st.items():
+                    st[k][rows] = v
+
+    def _per_client(self, values: List[float], like: Tensor) -> Tensor:
+        return torch.tensor(values, dtype=like.dtype).to(like.device, non_blocking=True).view(
+            -1, *([1] * (like.dim() - 1)))
+
+    def _update(self, p: Tensor, g: Tensor, st: Dict[str, Tensor], steps: List[int]) -> None:
+        """One torch.optim step of the rows in p (all of them active), in place."""
+        cfg = self.cfg
+        if cfg.weight_decay:
+            g = g.add(p, alpha=cfg.weight_decay)
+        if cfg.kind == "sgd":
+            if cfg.momentum:
+                buf = st["buf"]
+                if all(t == 1 for t in steps):
+                    buf.copy_(g)  # torch.optim.SGD: the first buffer is the gradient itself
+                elif any(t == 1 for t in steps):
+                    first = self._per_client([float(t == 1) for t in steps], p)
+                    buf.mul_(cfg.momentum * (1 - first)).add_(g)
+                else:
+                    buf.mul_(cfg.momentum).add_(g)
+                g = buf
+            p.add_(g, alpha=-cfg.lr)
+            return
+        b1, b2 = cfg.betas
+        m, v = st["m"], st["v"]
+        m.lerp_(g, 1 - b1)
+        v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        if len(set(steps)) == 1:
+            t = steps[0]
+            denom = (v.sqrt() / math.sqrt(1 - b2 ** t)).add_(cfg.eps)
+            p.addcdiv_(m, denom, value=-cfg.lr / (1 - b1 ** t))
+        else:
+            bc2 = self._per_client([math.sqrt(1 - b2 ** t) for t in steps], p)
+            size = self._per_client([cfg.lr / (1 - b1 ** t) for t in steps], p)
+            denom = (v.sqrt() / bc2).add_(cfg.eps)
+            p.sub_(m / denom * size)
 
 
 def train_clients_fused(model: nn.Module, client_batches: Sequence[Iterable[Batch]], opt: FusedOptimizer,
@@ -215,11 +242,12 @@ def train_clients_fused(model: nn.Module, client_batches: Sequence[Iterable[Batc
             like = next(b for b in group if b is not None)
             size = max(len(b[1]) for b in group if b is not None)
             x, y, m = _pad(group, size, like)
-            active = m.any(1)
+            active = [b is not None and len(b[1]) > 0 for b in group]
             grads, loss = step_fn(params, x, y, m)
             optim.step(params, grads, active)
-            loss_sum += torch.where(active, loss.detach().double(), 0.0)
-            steps += active.long()
+            act = torch.tensor(active).to(dev, non_blocking=True)
+            loss_sum += torch.where(act, loss.detach().double(), 0.0)
+            steps += act.long()
     finally:
         model.train(was_training)
     return params, (loss_sum / steps.clamp(min=1)).to(torch.float32)
