@@ -23,11 +23,13 @@ from ..errors import NonFiniteError
 from ..models import FedModel
 from .config import EngineConfig
 from .evaluation import evaluate_domains, intra_inter
+from .levers import EngineLevers, drive, slot_device
 
 log = logging.getLogger(__name__)
 
 
 def resolve_device(spec: str) -> torch.device:
+    spec = slot_device(spec)  # packed runs: FEDSHIFT_GPU_SLOT picks the GPU (docs/gpu.md)
     if spec == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     return torch.device(spec)
@@ -138,6 +140,8 @@ class Federation:
                 bad = next(k for k, t in c.model.state_dict().items()
                            if torch.is_floating_point(t) and not bool(t.isfinite().all()))
                 raise self.nonfinite(c.name, bad, "weight")
+        self.levers = EngineLevers(cfg, device)  # engine.compile / cuda_graphs / amp / ... (levers.py)
+        self.levers.prepare([c.model for c in self.clients])
 
     # ------------------------------------------------------------------ data
     @property
@@ -191,15 +195,25 @@ class Federation:
 
         ``loss_fn(client, x, y, step)`` gives the batch loss (default: cross-entropy).
         """
+        mean = float(drive(self.local_steps(client, loss_fn, epochs, optimizer, split)))
+        self.check_total(mean, client.name, "local_loss")
+        return mean
+
+    def local_steps(self, client: Client, loss_fn: Optional[LossFn] = None, epochs: Optional[int] = None,
+                    optimizer=None, split: str = "private"):
+        """:meth:`train_local` as a generator: yields after every optimiser step, returns the
+        mean loss as a device tensor (no host sync), so participants can be interleaved."""
         model = client.model
         model.train()
         opt = optimizer or self.make_optimizer(model, "local")
         epochs = self.cfg.local_epochs if epochs is None else epochs
         total = torch.zeros((), device=self.device)
         steps = 0
+        full = min(self.cfg.local_batch, len(client.data.get(split)[1]))
         for _ in range(epochs):
             for x, y in self.private_batches(client, split=split):
-                loss = loss_fn(client, x, y, steps) if loss_fn else F.cross_entropy(model(x), y)
+                with self.levers.local_step(model, client.arch, x, full):
+                    loss = loss_fn(client, x, y, steps) if loss_fn else F.cross_entropy(model(x), y)
                 if not self.step_ok(loss, client.name, "local_loss"):
                     continue
                 opt.zero_grad(set_to_none=True)
@@ -207,9 +221,22 @@ class Federation:
                 opt.step()
                 total += loss.detach()
                 steps += 1
-        mean = float(total / max(steps, 1))
-        self.check_total(mean, client.name, "local_loss")
-        return mean
+                yield
+        return total / max(steps, 1)
+
+    def train_participants(self, clients: Optional[List[Client]] = None, loss_fn: Optional[LossFn] = None,
+                           epochs: Optional[int] = None, optimizers: Optional[Dict[str, object]] = None,
+                           split: str = "private") -> Dict[str, float]:
+        """:meth:`train_local` for several participants: interleaved on CUDA streams under
+        ``engine.overlap_participants``, else one after another; one host read for all
+        losses. Returns ``{"<name>/train/local_loss": mean loss}``."""
+        clients = self.clients if clients is None else clients
+        optimizers = optimizers or {}
+        steppers = [self.local_steps(c, loss_fn, epochs, optimizers.get(c.name), split) for c in clients]
+        losses = torch.stack(self.levers.run_interleaved(steppers)).tolist()
+        for c, v in zip(clients, losses):
+            self.check_total(float(v), c.name, "local_loss")
+        return {f"{c.name}/train/local_loss": float(v) for c, v in zip(clients, losses)}
 
     # ----------------------------------------------------------- evaluation
     def test_sets(self):
