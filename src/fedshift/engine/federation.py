@@ -97,6 +97,8 @@ class Federation:
         self.method_name = "?"  # set by the runner; named in non-finite-loss errors
         self.base_models: Optional[List[FedModel]] = None  # the BASE checkpoints' models, when the job has them
         self.skipped_batches = 0  # optimiser steps skipped for a non-finite loss (on_nonfinite: skip_batch)
+        self.levers = EngineLevers(cfg, device)  # engine.compile / cuda_graphs / amp / ... (levers.py)
+        self.levers.prepare([c.model for c in self.clients])
 
     # ------------------------------------------------------------ resumable RNG
     def rng_state(self) -> Dict[str, object]:
@@ -140,8 +142,6 @@ class Federation:
                 bad = next(k for k, t in c.model.state_dict().items()
                            if torch.is_floating_point(t) and not bool(t.isfinite().all()))
                 raise self.nonfinite(c.name, bad, "weight")
-        self.levers = EngineLevers(cfg, device)  # engine.compile / cuda_graphs / amp / ... (levers.py)
-        self.levers.prepare([c.model for c in self.clients])
 
     # ------------------------------------------------------------------ data
     @property
