@@ -68,11 +68,8 @@ class Method:
         return F.cross_entropy(client.model(x), y)
 
     def local_update(self, fed, r: int) -> Dict[str, float]:
-        losses = {}
-        for c in fed.clients:
-            losses[f"{c.name}/train/local_loss"] = fed.train_local(
-                c, lambda cl, x, y, s: self.local_loss(fed, cl, x, y, s))
-        return losses
+        # One participant after another, or interleaved on CUDA streams (engine.overlap_participants).
+        return fed.train_participants(loss_fn=lambda cl, x, y, s: self.local_loss(fed, cl, x, y, s))
 
     def after_round(self, fed, r: int) -> None:
         pass
