@@ -27,6 +27,7 @@ from ..errors import ConfigError
 from ..models import create_model
 from .config import EngineConfig, PretrainConfig
 from .federation import Federation, derive_seeds, resolve_device, summarise
+from . import h2l_metrics
 
 log = logging.getLogger(__name__)
 
@@ -111,16 +112,20 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     prog = _Progress(cfg["run_name"], eng.rounds)
     all_rows: List[dict] = []
     history: List[Dict[str, float]] = []
+    eval_rounds: List[int] = []
     timings = {"train_s": 0.0, "eval_s": 0.0}
 
     def evaluate(r: int):
         t = time.time()
         rows = fed.evaluate()
+        extra_rows, extra = h2l_metrics.extra_evaluation(fed, rows)  # FedH2L WDP/CDP/ACC (+ validation ACC)
         timings["eval_s"] += time.time() - t
+        rows = rows + extra_rows if eng.pooled_rows else rows
         for row in rows:
             row["round"] = r
         all_rows.extend(rows)
-        summ = summarise(rows)
+        summ = summarise([row for row in rows if row["domain"] not in ("pooled", "val")])
+        summ.update(extra)
         tracker.log_metrics(summ, step=r)
         return summ
 
@@ -134,6 +139,7 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
         if r % eng.eval_every == 0 or r == eng.rounds:
             summ = evaluate(r)
             history.append(summ)
+            eval_rounds.append(r)
             prog(r, f"inter top1 {summ['avg/inter/top1']:.3f} intra top1 {summ['avg/intra/top1']:.3f}")
     metrics = {
         "run": cfg["run_name"],
@@ -143,6 +149,9 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
         "timings": timings,
         "device": str(device),
     }
+    if eng.select == "best_val":  # FedH2L § IV-A model selection
+        metrics["headline"], metrics["selected_rounds"] = h2l_metrics.best_val_headline(history, eval_rounds)
+    metrics.update(getattr(method, "run_summary", lambda fed: {})(fed))  # e.g. FedH2L's communication bytes
     _write_outputs(out_dir, cfg, metrics, all_rows, tracker, extra=getattr(method, "artifacts", None))
     return metrics
 
