@@ -48,6 +48,7 @@ over parameters in the round.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple
 
@@ -224,14 +225,16 @@ class StepwiseMethod(Method):
         return {
             "gen": self.gen.get_state(),
             "nodes": [self.node_state(n) for n in self.nodes],
-            "sums": dict(self.sums), "count": self.count, "global_rounds_since": self.global_rounds_since,
+            "sums": {k: v.clone() for k, v in self.sums.items()}, "count": self.count, "global_rounds_since": self.global_rounds_since,
             "comm_bytes": int(self.comm_bytes), "global_rounds": int(self.global_rounds),
         }
 
     def node_state(self, node: _Node) -> Dict[str, Any]:
-        s = {"opt_local": node.opt_local.state_dict(), "order": node.order.clone(), "cursor": node.cursor}
+        # Copies: an optimiser's state_dict shares its live tensors, which the next step updates in place.
+        s = {"opt_local": copy.deepcopy(node.opt_local.state_dict()), "order": node.order.clone(),
+             "cursor": node.cursor}
         if node.opt_global is not None:
-            s["opt_global"] = node.opt_global.state_dict()
+            s["opt_global"] = copy.deepcopy(node.opt_global.state_dict())
         return s
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

@@ -156,6 +156,9 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
                     md.append(to_markdown(t, f"{spec.get('title', spec['name'])} ({kind}, {metric}): "
                                              f"{scen} / {pub} / {struct}", sd))
                 pd.concat(both, axis=1).to_csv(tmp / f"{spec['name']}__{_slug(scen, pub, struct)}.csv")
+        from .h2l import h2l_section  # FedH2L Table II (ACC / WDP / CDP) when the runs wrote pooled rows
+
+        md.extend(h2l_section(df, report_cfg, tmp, last_k))
         (tmp / "report.md").write_text("\n".join(md))
         written = sorted(tmp.iterdir())
     final = [Path(out_dir) / p.name for p in written]
