@@ -50,7 +50,7 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass
-from typing import Any, Dict, List, Literal, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Literal, Mapping, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -120,7 +120,8 @@ class _Node:
         self.buf = bind_flat_grads(model)
         self.x, self.y = x, y
         self.opt_local = torch.optim.Adam(self.params, lr=lr, weight_decay=wd, amsgrad=True)
-        self.opt_global = torch.optim.Adam(self.params, lr=lr, weight_decay=wd, amsgrad=True) if two_optimizers else None
+        self.opt_global = (torch.optim.Adam(self.params, lr=lr, weight_decay=wd, amsgrad=True)
+                           if two_optimizers else None)
         self.order = torch.zeros(0, dtype=torch.long)
         self.cursor = 0
 
@@ -225,7 +226,8 @@ class StepwiseMethod(Method):
         return {
             "gen": self.gen.get_state(),
             "nodes": [self.node_state(n) for n in self.nodes],
-            "sums": {k: v.clone() for k, v in self.sums.items()}, "count": self.count, "global_rounds_since": self.global_rounds_since,
+            "sums": {k: v.clone() for k, v in self.sums.items()}, "count": self.count,
+            "global_rounds_since": self.global_rounds_since,
             "comm_bytes": int(self.comm_bytes), "global_rounds": int(self.global_rounds),
         }
 

@@ -77,7 +77,8 @@ def table2(sel: pd.DataFrame, published: Optional[pd.DataFrame] = None
     per_seed["avg"] = per_seed.mean(axis=1)
     long = per_seed.stack().rename("value").reset_index()
     g = long.groupby(["method", "scenario", "participant", "metric"])["value"]
-    out = pd.DataFrame({"ours": g.mean() * 100, "std": g.std(ddof=1).fillna(0.0) * 100, "seeds": g.size()}).reset_index()
+    out = pd.DataFrame({"ours": g.mean() * 100, "std": g.std(ddof=1).fillna(0.0) * 100,
+                        "seeds": g.size()}).reset_index()
     if published is not None and len(published):
         pub = published.groupby(["method", "scenario", "participant", "metric"], as_index=False)["value"].first()
         out = out.merge(pub.rename(columns={"value": "paper"}), how="left",
