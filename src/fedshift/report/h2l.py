@@ -113,9 +113,27 @@ def to_markdown(long: pd.DataFrame, title: str, methods: Optional[Sequence[str]]
                 seeds = int(r["seeds"])
                 c = f"{r['ours']:.2f}" + (f" ± {r['std']:.2f}" if r["seeds"] > 1 else "")
                 if pd.notna(r["paper"]):
-                    c += f" ({r['paper']:.2f}, Δ {r['delta']:+.2f})"
+                    c += f" ({r['paper']:.2f}, Δ {round(r['delta'], 2) or 0.0:+.2f})"  # no "-0.00"
                 cells.append(c)
             lines.append(f"| {method} | {scen} | " + " | ".join(cells) + f" | {seeds} |")
+    return "\n".join(lines) + "\n"
+
+
+def avg_markdown(long: pd.DataFrame, title: str) -> str:
+    """The Avg columns alone: one row per (method, scenario), ours ± std, paper, Δ."""
+    a = long[long["participant"] == "avg"]
+    lines = [f"### {title}", "", "| method | scenario | " + " | ".join(
+        f"{m.upper()} ours | {m.upper()} paper | {m.upper()} Δ" for m in METRICS) + " | seeds |",
+        "|---|---|" + "---:|" * (3 * len(METRICS)) + "---:|"]
+    for (method, scen), g in a.groupby(["method", "scenario"]):
+        g = g.set_index("metric")
+        cells = []
+        for m in METRICS:
+            r = g.loc[m]
+            cells += [f"{r['ours']:.2f}" + (f" ± {r['std']:.2f}" if r["seeds"] > 1 else ""),
+                      f"{r['paper']:.2f}" if pd.notna(r["paper"]) else "",
+                      f"{round(r['delta'], 2) or 0.0:+.2f}" if pd.notna(r["delta"]) else ""]
+        lines.append(f"| {method} | {scen} | " + " | ".join(cells) + f" | {int(g['seeds'].max())} |")
     return "\n".join(lines) + "\n"
 
 
@@ -133,6 +151,7 @@ def h2l_section(df: pd.DataFrame, report_cfg: Dict, out_dir: Path, last_k: int =
         long, _ = table2(s, published)
         long.to_csv(Path(out_dir) / f"h2l_table__{struct}.csv", index=False)
         rules = sorted(s["rule"].str.replace(r"@\d+", "", regex=True).unique())
+        md.append(avg_markdown(long, f"FedH2L Table II, Avg over nodes: {struct} (model: {', '.join(rules)})"))
         md.append(to_markdown(long, f"FedH2L Table II-style ACC / WDP / CDP: {struct} (model: {', '.join(rules)})"))
     if missing:
         md.append("Published tables not found: " + ", ".join(missing) + "\n")
