@@ -183,7 +183,8 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
     variants = exp.get("variants") or {}
     for vname, v in variants.items():
         check_name(vname, f"variants.{vname}")
-        if vname in METHODS:
+        # A variant may carry its own method's name only to give that method engine/params overrides.
+        if vname in METHODS and v["method"] != vname:
             raise ConfigError(f"variants.{vname}: a variant may not reuse the method name {vname!r}")
         METHODS.get(v["method"], key=f"variants.{vname}.method")
     for mname in exp.get("methods") or {}:
@@ -233,14 +234,15 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
             if cls.requires_homogeneous and len(set(archs)) > 1:
                 raise ConfigError(f"{where}: method {m!r} averages parameters and needs a homogeneous structure, "
                                   f"but {st!r} assigns {archs}; use a homo_<model> structure")
-            if cls.uses_public and pub == "none":
-                raise ConfigError(f"{where}: method {m!r} needs an unlabeled public set: add `public:` to the block")
             so = (exp.get("scenario_overrides") or {}).get(s, {})
             mparams = resolve_method_params(
                 base_method,
                 _merge((exp.get("methods") or {}).get(base_method), (so.get("methods") or {}).get(base_method),
                        variant.get("params")),
                 s, f"methods.{m}")
+            uses_public = cls(mparams).uses_public  # a method's params may switch the public set off (FedMD seed)
+            if uses_public and pub == "none":
+                raise ConfigError(f"{where}: method {m!r} needs an unlabeled public set: add `public:` to the block")
             if getattr(mparams, "homogeneous_averaging", "auto") in ("before_local", "after_local") and len(set(archs)) > 1:
                 raise ConfigError(f"methods.{m}.homogeneous_averaging: {mparams.homogeneous_averaging!r} averages "
                                   f"parameters, but {st!r} assigns {archs}; use 'auto' or 'none', or a homo_<model> structure")
@@ -276,7 +278,7 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                 "participants": participants, "archs": list(archs),
                 "method_params": to_dict(mparams), "engine": to_dict(eng),
                 "paths": {"partition": f"{build}/partitions/{s}",
-                          "public": f"{build}/public/{pub}" if pub != "none" and cls.uses_public else None,
+                          "public": f"{build}/public/{pub}" if pub != "none" and uses_public else None,
                           "pretrained": pretrained},
                 "wildcards": job.wildcards,
             }

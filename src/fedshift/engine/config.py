@@ -36,6 +36,10 @@ class EngineConfig:
     eval_every: int = 1  # evaluate every k rounds (the last round always)
     eval_batch: int = 2048  # evaluation batch; evaluation is vectorised over all test sets
     last_k: int = 3  # headline = mean of the last 3 evaluated rounds (FCCL+ tables)
+    # headline selection: "last_k" = mean of the last_k evaluations (FCCL+ tables); "best_val" = per participant,
+    # its evaluation with the best validation ACC (FedH2L § IV-A: validation every 50 rounds, keep the best model)
+    select: Literal["last_k", "best_val"] = "last_k"
+    pooled_rows: bool = False  # also write FedH2L's WDP/CDP/ACC (and validation ACC) rows to rounds.csv
     device: str = "auto"  # "auto" = CUDA when available, else CPU; or "cpu", "cuda", "cuda:1"
     deterministic: bool = False  # torch.use_deterministic_algorithms (slower on GPU)
     threads: Optional[int] = None  # torch intra-op threads (None: torch's default)

@@ -35,6 +35,7 @@ from ..errors import ConfigError
 from ..models import create_model
 from . import checkpoint
 from .config import EngineConfig, PretrainConfig, check_cuda
+from . import h2l_metrics
 from .federation import Federation, derive_seeds, resolve_device, summarise
 
 log = logging.getLogger(__name__)
@@ -191,15 +192,19 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     history: List[Dict[str, float]] = []
     timings = {"train_s": 0.0, "eval_s": 0.0, "checkpoint_s": 0.0, "verify_s": verify_s}
     resumed: List[int] = []
+    eval_rounds: List[int] = []  # rounds of `history` (model selection: engine.select)
 
     def evaluate(r: int):
         t = time.time()
         rows = fed.evaluate()
+        extra_rows, extra = h2l_metrics.extra_evaluation(fed, rows)  # FedH2L WDP/CDP/ACC (+ validation ACC)
         timings["eval_s"] += time.time() - t
+        rows = rows + extra_rows if eng.pooled_rows else rows
         for row in rows:
             row["round"] = r
         all_rows.extend(rows)
-        summ = summarise(rows)
+        summ = summarise([row for row in rows if row["domain"] not in ("pooled", "val")])
+        summ.update(extra)
         tracker.log_metrics(summ, step=r)
         return summ
 
@@ -207,6 +212,7 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     if ckpt is not None:
         checkpoint.restore_federation(fed, method, ckpt)
         all_rows, history = ckpt["rows"], ckpt["history"]
+        eval_rounds = list(ckpt.get("eval_rounds", []))
         timings.update({k: v for k, v in ckpt["timings"].items() if k != "verify_s"})
         resumed = ckpt["resumed"] + [ckpt["round"]]
         start = ckpt["round"] + 1
@@ -224,13 +230,15 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
         if r % eng.eval_every == 0 or r == eng.rounds:
             summ = evaluate(r)
             history.append(summ)
+            eval_rounds.append(r)
             prog(r, f"inter top1 {summ['avg/inter/top1']:.3f} intra top1 {summ['avg/intra/top1']:.3f}")
         if eng.checkpoint_every and r % eng.checkpoint_every == 0 and r < eng.rounds:
             t = time.time()
             size = checkpoint.save(partial, {
                 "config_hash": cfg_hash, "round": r, "run_id": getattr(tracker, "run_id", None),
                 **checkpoint.federation_state(fed, method),
-                "rows": all_rows, "history": history, "timings": timings, "resumed": resumed})
+                "rows": all_rows, "history": history, "eval_rounds": eval_rounds, "timings": timings,
+                "resumed": resumed})
             timings["checkpoint_s"] += time.time() - t
             timings["checkpoint_bytes"] = size
     metrics = {
@@ -242,6 +250,9 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
         "device": str(device),
         "skipped_batches": fed.skipped_batches,
     }
+    if eng.select == "best_val":  # FedH2L § IV-A model selection
+        metrics["headline"], metrics["selected_rounds"] = h2l_metrics.best_val_headline(history, eval_rounds)
+    metrics.update(getattr(method, "run_summary", lambda fed: {})(fed))  # e.g. FedH2L's communication bytes
     models_pt = {"participants": {c.name: {"arch": c.arch, "state_dict": checkpoint.module_state(c.model)}
                                   for c in fed.clients},
                  "scenario": cfg["scenario"], "run": cfg["run_name"]}

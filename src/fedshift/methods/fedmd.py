@@ -5,6 +5,9 @@ Each round the participants score a public subset, the server averages the score
 absolute error on logits, as the FedMD code) and then on its private data
 ("revisit"). FedMD's transfer-learning phase on labeled public data does not apply to
 the benchmark's unlabeled public sets, so only the consensus loop is kept (FCCL+ § 4.1).
+
+``public_data: seed`` scores the scenario's public seed splits instead (their images, not
+their labels): FedH2L's Table II compares FedMD on the same shared seed set D_pub.
 """
 
 from __future__ import annotations
@@ -25,6 +28,9 @@ class FedMDParams:
     public_subset: int = 5000  # public samples scored per round (FedMD: 5,000)
     digest_epochs: int = 1  # passes toward the consensus per round (FedMD code: 1)
     digest_loss: Literal["l1", "l2"] = "l1"  # FedMD code: mean absolute error on logits
+    # "unlabeled": the run's unlabeled public set (FCCL+ benchmark); "seed": the scenario's public seed
+    # splits of every participant, images only (FedH2L Table II, where FedMD shares FedH2L's D_pub)
+    public_data: Literal["unlabeled", "seed"] = "unlabeled"
 
 
 @METHODS.register("fedmd")
@@ -35,8 +41,13 @@ class FedMD(Method):
     Params = FedMDParams
     uses_public = True
 
+    def __init__(self, params):
+        super().__init__(params)
+        self.uses_public = params.public_data == "unlabeled"
+
     def collaborate(self, fed, r: int) -> Dict[str, float]:
-        pub = fed.data.public
+        pub = fed.data.public if self.p.public_data == "unlabeled" else torch.cat(
+            [c.data.get("public")[0] for c in fed.clients])
         idx = torch.randperm(len(pub), generator=fed.public_gen)[: self.p.public_subset].to(pub.device)
         x_all = pub[idx]
         # Consensus: the mean of all participants' logits, in eval mode, in large batches.

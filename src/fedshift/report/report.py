@@ -179,6 +179,9 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
         from .paper_delta import delta_report  # published tables (report.published) and the papers' claims
 
         md += delta_report(df, report_cfg, tmp, last_k)
+        from .h2l import h2l_section  # FedH2L Table II (ACC / WDP / CDP) when the runs wrote pooled rows
+
+        md.extend(h2l_section(df, report_cfg, tmp, last_k))
         (tmp / "report.md").write_text("\n".join(md))
         written = sorted(tmp.iterdir())
     final = [Path(out_dir) / p.name for p in written]
