@@ -27,6 +27,7 @@ from ..errors import ConfigError
 from ..models import create_model
 from .config import EngineConfig, PretrainConfig
 from .federation import Federation, derive_seeds, resolve_device, summarise
+from .sampling import GlobalEvaluator, check_engine
 
 log = logging.getLogger(__name__)
 
@@ -101,7 +102,11 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
                           Path(cfg["paths"]["public"]) if method.uses_public and cfg["paths"].get("public") else None,
                           device, cfg.get("participants"))
     archs = cfg["archs"]
-    models = build_models(archs, data.num_classes, data.image_shape[0], eng.norm, seed)
+    check_engine(method, eng)
+    if eng.server_model:  # stateless clients share participant 0's model (same init as a per-client run)
+        models = build_models(archs[:1], data.num_classes, data.image_shape[0], eng.norm, seed) * len(archs)
+    else:
+        models = build_models(archs, data.num_classes, data.image_shape[0], eng.norm, seed)
     if getattr(method.p, "init", "scratch") == "base":
         for m, a, ck in zip(models, archs, cfg["paths"]["pretrained"]):
             load_checkpoint(m, Path(ck), a)
@@ -112,6 +117,7 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     all_rows: List[dict] = []
     history: List[Dict[str, float]] = []
     timings = {"train_s": 0.0, "eval_s": 0.0}
+    global_eval = GlobalEvaluator(fed, method, eng)  # server-side metric (FedMMD/FedFusion); no-op when off
 
     def evaluate(r: int):
         t = time.time()
@@ -124,22 +130,29 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
         tracker.log_metrics(summ, step=r)
         return summ
 
-    evaluate(0)
+    if eng.participant_eval:
+        evaluate(0)
+    all_rows.extend(global_eval(0, tracker))
     for r in range(1, eng.rounds + 1):
         fed.round = r
         t = time.time()
         train_metrics = method.run_round(fed, r)
         timings["train_s"] += time.time() - t
         tracker.log_metrics(train_metrics, step=r)
-        if r % eng.eval_every == 0 or r == eng.rounds:
+        if eng.participant_eval and (r % eng.eval_every == 0 or r == eng.rounds):
             summ = evaluate(r)
             history.append(summ)
             prog(r, f"inter top1 {summ['avg/inter/top1']:.3f} intra top1 {summ['avg/intra/top1']:.3f}")
+        g_rows = global_eval(r, tracker)
+        all_rows.extend(g_rows)
+        if g_rows and not eng.participant_eval:
+            prog(r, f"global top1 {g_rows[0]['top1']:.3f}")
+    timings["eval_s"] += global_eval.seconds
     metrics = {
         "run": cfg["run_name"],
-        "headline": headline(history, eng.last_k),
+        "headline": {**headline(history, eng.last_k), **global_eval.summary(eng.last_k)},
         "last_rounds": eng.last_k,
-        "final": history[-1],
+        "final": history[-1] if history else {},
         "timings": timings,
         "device": str(device),
     }

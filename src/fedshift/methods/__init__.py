@@ -2,3 +2,4 @@
 
 from .base import METHODS, Method, create_method, resolve_method_params  # noqa: F401
 from . import fedavg, fedmd, fccl, fccl_plus, feddf  # noqa: F401
+from . import fedmmd, fedfusion  # noqa: F401
