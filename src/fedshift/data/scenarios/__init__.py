@@ -5,3 +5,4 @@ from . import fccl  # noqa: F401
 from . import fedh2l  # noqa: F401
 from . import fedmmd  # noqa: F401
 from . import digits_offline  # noqa: F401
+from . import fedmmd_offline  # noqa: F401
