@@ -120,7 +120,9 @@ class ServerAveraging(Method):
         """The next global weights from the clients' weighted average (FedAvg: the average)."""
         return average
 
-    def run_round(self, fed, r: int) -> Dict[str, float]:
+    def local_update(self, fed, r: int) -> Dict[str, float]:
+        """The sampled clients train from the global model; their weighted average is accumulated
+        as they go (each client's model keeps its trained weights until :meth:`after_round`)."""
         clients = round_clients(fed, r)
         global_state = {k: v.detach().clone() for k, v in fed.clients[0].model.state_dict().items()}
         self.begin_round(fed, r, global_state)
@@ -133,10 +135,14 @@ class ServerAveraging(Method):
             losses[f"{c.name}/train/local_loss"] = fed.train_local(
                 c, lambda cl, x, y, s: self.local_loss(fed, cl, x, y, s))
             avg.add(c.model.state_dict(), w)
-        new = self.aggregate(fed, avg.result(global_state), global_state)
+        self._next_global = self.aggregate(fed, avg.result(global_state), global_state)
+        return losses
+
+    def after_round(self, fed, r: int) -> None:
+        """Every model holds the new global model."""
+        new, self._next_global = self._next_global, None
         for m in unique_models(fed):
             m.load_state_dict(new)
-        return losses
 
     def artifacts(self, out_dir) -> None:
         """``sampled.csv``: the clients sampled in each round (absent when every client trains)."""
