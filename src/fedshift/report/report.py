@@ -124,6 +124,7 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
     report_cfg = report_cfg or {}
     written: List[Path] = []
     with atomic_dir(Path(out_dir)) as tmp:
+        full, df = df, df[df["kind"] != "global"]  # global-model rows: report/rounds.py
         head = headline_frame(df, last_k)
         md = [f"# {report_cfg.get('title', 'fedshift report')}", "",
               f"Mean accuracy (%) of the last {last_k} communication rounds; ± = std over seeds.", ""]
@@ -156,6 +157,9 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
                     md.append(to_markdown(t, f"{spec.get('title', spec['name'])} ({kind}, {metric}): "
                                              f"{scen} / {pub} / {struct}", sd))
                 pd.concat(both, axis=1).to_csv(tmp / f"{spec['name']}__{_slug(scen, pub, struct)}.csv")
+        from .rounds import rounds_report
+
+        md += rounds_report(full, tmp, report_cfg, last_k)
         (tmp / "report.md").write_text("\n".join(md))
         written = sorted(tmp.iterdir())
     final = [Path(out_dir) / p.name for p in written]
