@@ -200,3 +200,27 @@ def test_runner_server_mode_writes_global_metrics(tiny_data, tmp_path):
     sampled = (tmp_path / "run" / "sampled.csv").read_text().splitlines()
     assert sampled[0] == "round,clients" and len(sampled) == 3 and len(sampled[1].split(",")[1].split()) == 2
     assert json.loads((tmp_path / "run" / "metrics.json").read_text().replace("NaN", "null"))["final"] == {}
+
+
+def test_rounds_report_table_and_figure(tmp_path):
+    """Report arithmetic: first round per seed, mean over seeds reaching it, reduction vs fedavg."""
+    import pandas as pd
+
+    from fedshift.report.rounds import rounds_report, rounds_table
+
+    curves = {("fedavg", 0): [0.5, 0.7, 0.9, 0.95], ("fedavg", 1): [0.5, 0.8, 0.85, 0.91],
+              ("fedmmd", 0): [0.6, 0.92, 0.93, 0.96], ("fedmmd", 1): [0.6, 0.91, 0.8, 0.85]}
+    rows = [{"scenario": "s", "public": "none", "structure": "homo_lenet", "method": m, "seed": s, "round": r,
+             "participant": "global", "arch": "lenet", "domain": "all", "kind": "global", "top1": acc, "top5": 1.0}
+            for (m, s), accs in curves.items() for r, acc in enumerate(accs)]
+    df = pd.DataFrame(rows)
+    t = rounds_table(df, [0.9, 0.95], last_k=2)
+    assert list(t.index) == ["fedavg", "fedmmd"]
+    assert t.loc["fedavg", "rounds_to/0.9"] == 2.5 and t.loc["fedmmd", "rounds_to/0.9"] == 1.0
+    assert t.loc["fedmmd", "reduce/0.9"] == pytest.approx(60.0)
+    assert t.loc["fedmmd", "reached/0.95"] == 1 and t.loc["fedavg", "reached/0.95"] == 1
+    assert t.loc["fedavg", "global/top1"] == pytest.approx(100 * (0.925 + 0.88) / 2)
+    md = "\n".join(rounds_report(df, tmp_path, {"targets": [0.9, 0.95], "published": ["no_such_table"]}))
+    assert "never" not in md and "(1/2 seeds)" in md and "no_such_table" in md
+    assert (tmp_path / "rounds__s__none__homo_lenet.csv").exists()
+    assert (tmp_path / "global_curves__s__none__homo_lenet.png").stat().st_size > 0
