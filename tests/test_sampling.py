@@ -143,7 +143,9 @@ def test_server_mode_requires_a_server_averaging_method():
         check_engine(create_method("fedmd"), cfg)
     with pytest.raises(ConfigError, match="clients_per_round"):
         check_engine(create_method("base"), EngineConfig(clients_per_round=2))
-    check_engine(create_method("fedavg"), cfg)
+    with pytest.raises(ConfigError, match="global_eval_every"):
+        check_engine(create_method("fccl_plus"), EngineConfig(global_eval_every=1))
+    check_engine(create_method("fedavg"), EngineConfig(server_model=True, global_eval_every=1, clients_per_round=2))
 
 
 def test_exponential_lr_decay():

@@ -61,6 +61,9 @@ def check_engine(method, cfg) -> None:
     if cfg.server_model and not getattr(method, "supports_server_model", False):
         raise ConfigError(f"engine.server_model: method {method.name!r} keeps a model per participant; "
                           "server_model needs a server-averaging method (fedavg, fedmmd, fedfusion_*)")
+    if cfg.global_eval_every and not hasattr(method, "global_model"):
+        raise ConfigError(f"engine.global_eval_every: method {method.name!r} has no global model to evaluate "
+                          "(participants keep their own models); use the per-participant evaluation")
     if cfg.server_model and getattr(method.p, "init", "scratch") != "scratch":
         raise ConfigError("engine.server_model: clients share one model, which cannot start from per-participant "
                           "BASE checkpoints; use init: scratch")
@@ -89,7 +92,7 @@ class GlobalEvaluator:
     """Evaluates the global model every ``cfg.global_eval_every`` rounds (and at the last round).
 
     The global model is ``method.global_model(fed)`` (server-averaging methods: every model
-    holds it between rounds). Returns rows for ``rounds.csv`` (participant ``global``, kind
+    holds it between rounds; :func:`check_engine` refuses methods without one). Returns rows for ``rounds.csv`` (participant ``global``, kind
     ``global``) and logs ``global/top1``, ``global/top5``.
     """
 
@@ -136,8 +139,7 @@ class GlobalEvaluator:
 
 
 def global_model(fed, method) -> torch.nn.Module:
-    get = getattr(method, "global_model", None)
-    return get(fed) if get is not None else fed.clients[0].model
+    return method.global_model(fed)
 
 
 def rounds_to(curve: Sequence[Tuple[int, float]], targets: Sequence[float]) -> Dict[float, Optional[int]]:
