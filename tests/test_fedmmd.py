@@ -16,11 +16,12 @@ from helpers import synthetic_federation
 torch.set_num_threads(1)
 
 
-def mmd2_loop(x: np.ndarray, y: np.ndarray, multipliers) -> float:
+def mmd2_loop(x: np.ndarray, y: np.ndarray, multipliers, min_scale: float = 0.0) -> float:
     """Eq. 2 written out: pooled mean squared distance over distinct pairs sets the widths."""
     z = np.concatenate([x, y])
     n = len(z)
     s = sum(((z[i] - z[j]) ** 2).sum() for i in range(n) for j in range(n) if i != j) / (n * n - n)
+    s = max(s, min_scale)
 
     def k(a, b):
         d2 = ((a - b) ** 2).sum()
@@ -39,6 +40,10 @@ def test_mmd2_matches_double_loop(n, m, d):
     got = mmd2_rbf(torch.tensor(x), torch.tensor(y)).item()
     assert got == pytest.approx(mmd2_loop(x, y, MMD_BANDWIDTH_MULTIPLIERS), rel=1e-9)
     assert mmd2_rbf(torch.tensor(x), torch.tensor(y), (1.0,)).item() == pytest.approx(mmd2_loop(x, y, (1.0,)), rel=1e-9)
+    small_x, small_y = 0.01 * x, 0.01 * y  # spread below the floor: the floor sets the widths
+    got = mmd2_rbf(torch.tensor(small_x), torch.tensor(small_y), min_scale=1.0).item()
+    assert got == pytest.approx(mmd2_loop(small_x, small_y, MMD_BANDWIDTH_MULTIPLIERS, 1.0), rel=1e-9)
+    assert got < mmd2_rbf(torch.tensor(small_x), torch.tensor(small_y)).item()
 
 
 def test_mmd2_zero_on_equal_samples_positive_otherwise_and_differentiable():
@@ -70,7 +75,8 @@ def test_params_defaults_and_l2_variant():
     assert create_method("fedmmd", {"constraint": "l2", "lam": 0.001}).p.lam == 0.001
 
 
-@pytest.mark.parametrize("name,penalty", [("fedmmd", mmd2_rbf), ("fedmmd_l2", two_stream_l2)])
+@pytest.mark.parametrize("name,penalty", [("fedmmd", lambda a, b: mmd2_rbf(a, b, min_scale=1.0)),
+                                          ("fedmmd_l2", two_stream_l2)])
 def test_local_loss_is_ce_plus_lambda_penalty_against_frozen_global(name, penalty):
     fed = synthetic_federation(3)
     m = create_method(name, {"lam": 0.5})

@@ -390,20 +390,21 @@ def restricted_softmax_ce(logits: Tensor, labels: Tensor, present_mask: Tensor, 
 MMD_BANDWIDTH_MULTIPLIERS: Tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
 
 
-def mmd2_rbf(x: Tensor, y: Tensor, multipliers: Sequence[float] = MMD_BANDWIDTH_MULTIPLIERS) -> Tensor:
+def mmd2_rbf(x: Tensor, y: Tensor, multipliers: Sequence[float] = MMD_BANDWIDTH_MULTIPLIERS,
+             min_scale: float = 0.0) -> Tensor:
     """FedMMD Eq. 2: MMD^2(x, y) = E[K(x, x')] + E[K(y, y')] - 2 E[K(x, y)] (biased V-statistic).
 
     ``x``: (n, d), ``y``: (m, d) samples (FedMMD: the global and local models' outputs on one
     batch). K is the sum over widths of exp(-||a - b||^2 / sigma^2), with sigma^2 = mult * s and s
     the mean squared distance between distinct pooled samples, detached (the widths follow the
-    data but carry no gradient); every expectation is the plain mean over all pairs, diagonal
-    included. Zero when x and y are the same samples.
+    data but carry no gradient), floored at ``min_scale``; every expectation is the plain mean
+    over all pairs, diagonal included. Zero when x and y are the same samples.
     """
     z = torch.cat([x, y], 0)
     sq = z.pow(2).sum(1)
     d2 = (sq[:, None] + sq[None, :] - 2 * z @ z.T).clamp_min(0)  # no sqrt: smooth gradient at distance 0
     n = z.shape[0]
-    scale = (d2.detach().sum() / max(n * n - n, 1)).clamp_min(torch.finfo(z.dtype).tiny)
+    scale = (d2.detach().sum() / max(n * n - n, 1)).clamp_min(max(min_scale, torch.finfo(z.dtype).tiny))
     k = sum(torch.exp(-d2 / (scale * m)) for m in multipliers)
     nx = x.shape[0]
     return k[:nx, :nx].mean() + k[nx:, nx:].mean() - 2 * k[:nx, nx:].mean()

@@ -14,7 +14,7 @@ Kept: lambda = 0.1 (§ 4.2), the constraint on the models' outputs, the global s
 frozen. Choices where the paper is silent (REFERENCE.md "Where the papers leave a choice
 open"): "outputs" are the logits; MMD^2 is the biased estimator over the batch with five
 RBF widths (``losses.MMD_BANDWIDTH_MULTIPLIERS``: 1/4 to 4 times the batch's mean squared
-distance, summed); the global stream runs in eval mode (no dropout), under no_grad, once
+distance, floored at ``min_kernel_scale`` = 1, summed); the global stream runs in eval mode (no dropout), under no_grad, once
 per batch. Algorithm 1 line 7 sums the client models; we average them as FedFusion's
 Algorithm 2 and FedAvg do (the sum is a typo). ``fedmmd_l2`` is Figure 4's two-stream L2
 baseline: the same round with lambda * mean ||global(x) - local(x)||^2 instead of MMD^2
@@ -27,6 +27,7 @@ engine saves; the frozen global copy is refilled from it at the start of each ro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Dict, Literal
 
 import torch
@@ -44,6 +45,10 @@ class FedMMDParams:
     weighting: Literal["samples", "uniform"] = "samples"  # FedFusion Alg. 2 line 7 / FedAvg: weight by n_k
     lam: float = 0.1  # § 4.2: "The penalty parameter lambda for L_MMD is set to 0.1"
     constraint: Literal["mmd", "l2"] = "mmd"  # Eq. 5 (MMD^2) or Figure 4's two-stream L2 baseline
+    # Floor of the kernels' base width s (squared logit units; module doc). At initialisation every
+    # logit nearly coincides, and widths taken from that tiny spread make the MMD gradient ~ 1/sqrt(s)
+    # large: measured offline, FedMMD sat at chance for 9 rounds on mnist5k_binary without a floor.
+    min_kernel_scale: float = 1.0
 
     def __post_init__(self):
         if self.lam < 0:
@@ -70,6 +75,8 @@ class FedMMD(ServerAveraging):
         super().setup(fed)
         self.global_net = frozen_copy(fed.clients[0].model)  # one frozen copy, refilled every round
         self.penalty = CONSTRAINTS[self.p.constraint]
+        if self.p.constraint == "mmd":
+            self.penalty = partial(mmd2_rbf, min_scale=self.p.min_kernel_scale)
 
     def begin_round(self, fed, r: int, global_state: Dict[str, torch.Tensor]) -> None:
         self.global_net.load_state_dict(global_state)
