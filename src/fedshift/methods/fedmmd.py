@@ -56,9 +56,15 @@ class FedMMDParams:
 
 
 @dataclass(frozen=True)
-class FedMMDL2Params(FedMMDParams):
+class FedMMDL2Params:
+    init: Literal["scratch", "base"] = "scratch"  # as FedMMD
+    weighting: Literal["samples", "uniform"] = "samples"  # as FedMMD
     lam: float = 0.01  # § 4.2: L2 penalty 0.1 and 0.01 tried on CIFAR-10 (0.001 on MNIST: set it per scenario)
-    constraint: Literal["mmd", "l2"] = "l2"  # Figure 4's "two-stream model constrained by L2 norm"
+    constraint: Literal["l2"] = "l2"  # Figure 4's "two-stream model constrained by L2 norm"
+
+    def __post_init__(self):
+        if self.lam < 0:
+            raise ValueError(f"lam must be >= 0, got {self.lam}")
 
 
 CONSTRAINTS = {"mmd": mmd2_rbf, "l2": two_stream_l2}
