@@ -125,7 +125,8 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
     written: List[Path] = []
     with atomic_dir(Path(out_dir)) as tmp:
         full, df = df, df[df["kind"] != "global"]  # global-model rows: report/rounds.py
-        head = headline_frame(df, last_k)
+        head = headline_frame(df, last_k) if len(df) else pd.DataFrame(
+            columns=["scenario", "public", "structure", "method", "seed", "participant", "kind", "top1", "top5"])
         md = [f"# {report_cfg.get('title', 'fedshift report')}", "",
               f"Mean accuracy (%) of the last {last_k} communication rounds; ± = std over seeds.", ""]
         groups = head.groupby(["scenario", "public", "structure"])
