@@ -21,3 +21,32 @@ def tiny_federation(root, archs=("lenet", "lenet"), seed=0, **engine):
     fed = Federation(data, models, list(archs), cfg, seed, torch.device("cpu"))
     fed.round = 1
     return fed
+
+
+def synthetic_federation(num_clients, per_client=12, arch="lenet", seed=0, server_model=True, test=4, **engine):
+    """K clients of random 1x28x28 images and labels (no partition on disk), for many-client tests.
+
+    With ``server_model`` every client shares one model object, as the runner builds it.
+    """
+    from fedshift.data.loading import ClientData, FederatedData
+
+    g = torch.Generator().manual_seed(1000 + seed)
+    clients = []
+    for i in range(num_clients):
+        n = per_client + i % 3  # unequal sizes, so sample weighting matters
+        x = torch.randint(0, 256, (n, 1, 28, 28), generator=g, dtype=torch.uint8)
+        y = torch.randint(0, 10, (n,), generator=g)
+        name = f"client{i:03d}"
+        clients.append(ClientData(name, name, {"private": (x, y), "test": (x[:test], y[:test])}))
+    data = FederatedData("synthetic", 10, (1, 28, 28), clients, None, None)
+    defaults = dict(rounds=3, local_epochs=1, local_batch=5, optimizer="sgd", lr=0.05, weight_decay=0.0,
+                    device="cpu", eval_batch=512, server_model=server_model)
+    defaults.update(engine)
+    cfg = EngineConfig(**defaults)
+    archs = [arch] * num_clients
+    models = build_models(archs[:1] if server_model else archs, 10, 1, cfg.norm, seed)
+    if server_model:
+        models = models * num_clients
+    fed = Federation(data, models, archs, cfg, seed, torch.device("cpu"))
+    fed.round = 1
+    return fed

@@ -387,6 +387,7 @@ def restricted_softmax_ce(logits: Tensor, labels: Tensor, present_mask: Tensor, 
     return F.cross_entropy(logits * scale, labels)
 
 
+<<<<<<< HEAD
 # ------------------------------------------------- counterparts of FCCL+ Tables VIII/IX/XV (issue 11)
 # FedProx, MOON, FedRS and RHFL's symmetric CE are above (prox_term, moon_contrastive_loss,
 # restricted_softmax_ce, symmetric_ce_loss). Below: FedProc, FML, FedMatch, RHFL's
@@ -637,3 +638,46 @@ def h2l_mutual_loss(student_logits: Tensor, teacher_probs: Tensor, peer_acc: Ten
 
 
 __all__ += ["project_gradient", "confidence_weights", "batch_accuracy", "h2l_mutual_loss"]
+=======
+# ---------------------------------------------------------------------------------------
+# FedMMD / FedFusion (Yao et al. 2019, papers/fedmmd-fedfusion.txt)
+# ---------------------------------------------------------------------------------------
+
+#: Widths of FedMMD's multi-kernel RBF MMD: squared bandwidths sigma^2 = m * s, where s is the
+#: mean squared distance between distinct samples of the pooled batch (detached) and m runs over
+#: these multipliers. The paper says only "a standard RBF kernel with multiple width" (§ 2.2,
+#: after Gretton et al.'s MK-MMD); five widths spaced by 2 around the data scale are the usual
+#: multi-kernel choice of the deep domain-adaptation code the paper builds on (DAN, Long et al. 2015).
+MMD_BANDWIDTH_MULTIPLIERS: Tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
+
+
+def mmd2_rbf(x: Tensor, y: Tensor, multipliers: Sequence[float] = MMD_BANDWIDTH_MULTIPLIERS,
+             min_scale: float = 0.0) -> Tensor:
+    """FedMMD Eq. 2: MMD^2(x, y) = E[K(x, x')] + E[K(y, y')] - 2 E[K(x, y)] (biased V-statistic).
+
+    ``x``: (n, d), ``y``: (m, d) samples (FedMMD: the global and local models' outputs on one
+    batch). K is the sum over widths of exp(-||a - b||^2 / sigma^2), with sigma^2 = mult * s and s
+    the mean squared distance between distinct pooled samples, detached (the widths follow the
+    data but carry no gradient), floored at ``min_scale``; every expectation is the plain mean
+    over all pairs, diagonal included. Zero when x and y are the same samples.
+    """
+    z = torch.cat([x, y], 0)
+    sq = z.pow(2).sum(1)
+    d2 = (sq[:, None] + sq[None, :] - 2 * z @ z.T).clamp_min(0)  # no sqrt: smooth gradient at distance 0
+    n = z.shape[0]
+    scale = (d2.detach().sum() / max(n * n - n, 1)).clamp_min(max(min_scale, torch.finfo(z.dtype).tiny))
+    k = sum(torch.exp(-d2 / (scale * m)) for m in multipliers)
+    nx = x.shape[0]
+    return k[:nx, :nx].mean() + k[nx:, nx:].mean() - 2 * k[:nx, nx:].mean()
+
+
+def two_stream_l2(x: Tensor, y: Tensor) -> Tensor:
+    """FedMMD Figure 4's "two-stream model constrained by L2 norm" (never written out in the paper):
+    the batch mean of the squared Euclidean distance between paired outputs, mean_i ||x_i - y_i||^2."""
+    return (x - y).pow(2).sum(1).mean()
+
+
+def ema(previous: Tensor, new: Tensor, decay: float) -> Tensor:
+    """Exponential moving average, ``decay * previous + (1 - decay) * new`` (FedFusion § 3.3)."""
+    return decay * previous + (1.0 - decay) * new
+>>>>>>> i10-fedmmd

@@ -56,6 +56,9 @@ SMALL = {
     "cifar10_iid": {"clients": 10},
     "mnist_dirichlet": {"clients": 5, "alpha": 0.5, "min_size": 5},
     "cifar10_dirichlet": {"clients": 5, "alpha": 0.5, "min_size": 5},
+    "mnist5k_shards": {},
+    "mnist5k_binary": {},
+    "mnist5k_permuted": {"clients": 3},
 }
 
 

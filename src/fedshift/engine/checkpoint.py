@@ -199,7 +199,12 @@ def module_state(m: torch.nn.Module) -> Dict[str, torch.Tensor]:
 def federation_state(fed, method) -> Dict[str, Any]:
     """Everything a federated round depends on: participants' weights, the method's state
     (:meth:`Method.state_dict`), every RNG state and the skipped-batch count."""
-    return {"models": [module_state(c.model) for c in fed.clients],
+    # Participants sharing one model object (engine.server_model) are saved once, not once per client.
+    first: Dict[int, int] = {}
+    for i, c in enumerate(fed.clients):
+        first.setdefault(id(c.model), i)
+    return {"models": [module_state(c.model) if first[id(c.model)] == i else {"same_as": first[id(c.model)]}
+                       for i, c in enumerate(fed.clients)],
             "method": to_cpu(method.state_dict()),
             "rng": {"federation": fed.rng_state(), "global": global_rng_state()},
             "skipped_batches": fed.skipped_batches}
@@ -208,7 +213,8 @@ def federation_state(fed, method) -> Dict[str, Any]:
 def restore_federation(fed, method, state: Mapping[str, Any]) -> None:
     """Inverse of :func:`federation_state`, on a federation built and ``setup`` as the original."""
     for c, sd in zip(fed.clients, state["models"]):
-        c.model.load_state_dict(sd)
+        if "same_as" not in sd:
+            c.model.load_state_dict(sd)
     method.load_state_dict(state["method"])
     fed.set_rng_state(state["rng"]["federation"])
     set_global_rng_state(state["rng"]["global"])

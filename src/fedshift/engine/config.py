@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal, Optional, Union
+from typing import Literal, Optional, Tuple, Union
 
 
 @dataclass(frozen=True)
@@ -59,6 +59,14 @@ class EngineConfig:
     cudnn_benchmark: bool = False  # cuDNN autotuning (slower first round)
     # torch.func-batched clients for FedAvg-style methods (engine/fused.py); auto = on CUDA only
     fused_clients: Union[bool, Literal["off", "on", "auto"]] = "off"
+    # -- many-client label-skew runs (FedMMD/FedFusion, Yao et al. 2019; FedAvg, McMahan et al. 2017) --
+    clients_per_round: int = 0  # clients sampled each round (seeded, recorded); 0 = every client (FCCL+ protocol)
+    client_fraction: float = 0.0  # or the fraction C of clients per round, max(round(C*K), 1) (McMahan); 0 = off
+    lr_gamma: float = 1.0  # exponential per-round decay, lr * gamma**t (FedFusion § 4.3: 0.985 / 0.99); 1 = off
+    server_model: bool = False  # stateless clients share one working model (server-averaging methods): memory flat in K
+    participant_eval: bool = True  # per-participant intra/inter evaluation (FCCL+ Eq. 21-22); off for 100-client runs
+    global_eval_every: int = 0  # evaluate the global model on the pooled test set every k rounds (`global/top1`); 0 = off
+    targets: Tuple[float, ...] = ()  # metrics.json `rounds_to/<t>`: first evaluated round with global top-1 >= t
 
     def __post_init__(self):
         for key, allowed, on in (("compile", ("off", "default", "reduce-overhead"), "default"),
@@ -78,12 +86,27 @@ class EngineConfig:
             raise ValueError(f"checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}")
         if self.public_lr < 0:
             raise ValueError(f"public_lr must be >= 0, got {self.public_lr}")
+        if self.clients_per_round < 0 or not 0.0 <= self.client_fraction <= 1.0:
+            raise ValueError(f"clients_per_round must be >= 0 and client_fraction in [0, 1], got "
+                             f"{self.clients_per_round} and {self.client_fraction}")
+        if self.clients_per_round and self.client_fraction:
+            raise ValueError("set clients_per_round or client_fraction, not both")
+        if not 0.0 < self.lr_gamma <= 1.0:
+            raise ValueError(f"lr_gamma must be in (0, 1], got {self.lr_gamma}")
+        if self.global_eval_every < 0:
+            raise ValueError(f"global_eval_every must be >= 0, got {self.global_eval_every}")
+        if not self.participant_eval and not self.global_eval_every:
+            raise ValueError("participant_eval is off and global_eval_every is 0: the run would evaluate nothing")
+        if any(not 0.0 < t <= 1.0 for t in self.targets):
+            raise ValueError(f"targets are accuracies in (0, 1], got {self.targets}")
 
     def lr_at(self, base: float, round_index: int) -> float:
-        """Learning rate of round ``round_index`` (0-based) under the optional linear decay."""
+        """Learning rate of round ``round_index`` (0-based) under the optional linear decay and
+        the optional exponential decay ``lr_gamma ** round_index`` (both multiply when both are on)."""
+        lr = base * self.lr_gamma ** round_index
         if not self.lr_decay:
-            return base
-        return base * (1 - 0.9 * round_index / self.rounds)
+            return lr
+        return lr * (1 - 0.9 * round_index / self.rounds)
 
 
 @dataclass(frozen=True)

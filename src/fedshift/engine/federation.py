@@ -92,6 +92,9 @@ class Federation:
         ]
         self.public_gen = torch.Generator().manual_seed(seeds[-2])
         self.aug_gen = torch.Generator().manual_seed(seeds[-1])
+        # Client sampling (engine.sampling): its own child seed, so the streams above are unchanged.
+        self.sample_gen = torch.Generator().manual_seed(derive_seeds(seed, len(models) + 3)[-1])
+        self.sampled: Dict[int, List[int]] = {}  # round -> indices of the clients sampled in it
         self.num_classes = data.num_classes
         self.round = 0
         self.method_name = "?"  # set by the runner; named in non-finite-loss errors

@@ -37,6 +37,7 @@ from . import checkpoint
 from .config import EngineConfig, PretrainConfig, check_cuda
 from . import h2l_metrics
 from .federation import Federation, derive_seeds, resolve_device, summarise
+from .sampling import GlobalEvaluator, check_engine
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +170,11 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     data = load_federated(Path(cfg["paths"]["partition"]), public_dir, device, cfg.get("participants"))
     check_labels(data)
     archs = cfg["archs"]
-    models = build_models(archs, data.num_classes, data.image_shape[0], eng.norm, seed)
+    check_engine(method, eng)
+    if eng.server_model:  # stateless clients share participant 0's model (same init as a per-client run)
+        models = build_models(archs[:1], data.num_classes, data.image_shape[0], eng.norm, seed) * len(archs)
+    else:
+        models = build_models(archs, data.num_classes, data.image_shape[0], eng.norm, seed)
     base_models = None
     if cfg["paths"].get("pretrained"):  # BASE checkpoints: the start (init: base) and/or a teacher (theta^*)
         base_models = build_models(archs, data.num_classes, data.image_shape[0], eng.norm, seed)
@@ -193,6 +198,7 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     timings = {"train_s": 0.0, "eval_s": 0.0, "checkpoint_s": 0.0, "verify_s": verify_s}
     resumed: List[int] = []
     eval_rounds: List[int] = []  # rounds of `history` (model selection: engine.select)
+    global_eval = GlobalEvaluator(fed, method, eng)  # server-side metric (FedMMD/FedFusion); no-op when off
 
     def evaluate(r: int):
         t = time.time()
@@ -213,12 +219,15 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
         checkpoint.restore_federation(fed, method, ckpt)
         all_rows, history = ckpt["rows"], ckpt["history"]
         eval_rounds = list(ckpt.get("eval_rounds", []))
+        global_eval.curve = [tuple(c) for c in ckpt.get("global_curve", [])]
         timings.update({k: v for k, v in ckpt["timings"].items() if k != "verify_s"})
         resumed = ckpt["resumed"] + [ckpt["round"]]
         start = ckpt["round"] + 1
         log.info("resuming %s after round %d from %s", cfg["run_name"], ckpt["round"], partial)
     else:
-        evaluate(0)
+        if eng.participant_eval:
+            evaluate(0)
+        all_rows.extend(global_eval(0, tracker))
     for r in range(start, eng.rounds + 1):
         fed.round = r
         t = time.time()
@@ -227,25 +236,31 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
         _check_metrics(fed, train_metrics)
         fed.check_weights()
         tracker.log_metrics(train_metrics, step=r)
-        if r % eng.eval_every == 0 or r == eng.rounds:
+        if eng.participant_eval and (r % eng.eval_every == 0 or r == eng.rounds):
             summ = evaluate(r)
             history.append(summ)
             eval_rounds.append(r)
             prog(r, f"inter top1 {summ['avg/inter/top1']:.3f} intra top1 {summ['avg/intra/top1']:.3f}")
+        g_rows = global_eval(r, tracker)
+        all_rows.extend(g_rows)
+        if g_rows and not eng.participant_eval:
+            prog(r, f"global top1 {g_rows[0]['top1']:.3f}")
         if eng.checkpoint_every and r % eng.checkpoint_every == 0 and r < eng.rounds:
             t = time.time()
             size = checkpoint.save(partial, {
                 "config_hash": cfg_hash, "round": r, "run_id": getattr(tracker, "run_id", None),
                 **checkpoint.federation_state(fed, method),
                 "rows": all_rows, "history": history, "eval_rounds": eval_rounds, "timings": timings,
+                "global_curve": [list(c) for c in global_eval.curve],
                 "resumed": resumed})
             timings["checkpoint_s"] += time.time() - t
             timings["checkpoint_bytes"] = size
+    timings["eval_s"] += global_eval.seconds
     metrics = {
         "run": cfg["run_name"],
-        "headline": headline(history, eng.last_k),
+        "headline": {**headline(history, eng.last_k), **global_eval.summary(eng.last_k)},
         "last_rounds": eng.last_k,
-        "final": history[-1],
+        "final": history[-1] if history else {},
         "timings": {**timings, "resumed_after_rounds": resumed},
         "device": str(device),
         "skipped_batches": fed.skipped_batches,
@@ -253,8 +268,9 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     if eng.select == "best_val":  # FedH2L § IV-A model selection
         metrics["headline"], metrics["selected_rounds"] = h2l_metrics.best_val_headline(history, eval_rounds)
     metrics.update(getattr(method, "run_summary", lambda fed: {})(fed))  # e.g. FedH2L's communication bytes
-    models_pt = {"participants": {c.name: {"arch": c.arch, "state_dict": checkpoint.module_state(c.model)}
-                                  for c in fed.clients},
+    states: Dict[int, Dict[str, torch.Tensor]] = {}  # a model shared by clients (server_model) is stored once
+    models_pt = {"participants": {c.name: {"arch": c.arch, "state_dict": states.setdefault(
+                     id(c.model), checkpoint.module_state(c.model))} for c in fed.clients},
                  "scenario": cfg["scenario"], "run": cfg["run_name"]}
     _write_outputs(out_dir, cfg, metrics, all_rows, tracker, extra=getattr(method, "artifacts", None),
                    models=models_pt)

@@ -4,3 +4,4 @@ from .base import METHODS, Method, create_method, resolve_method_params  # noqa:
 from . import fedavg, fedmd, fccl, fccl_plus, feddf  # noqa: F401
 from . import fedprox, moon, fedproc, fedrs, fml, fedmatch, rhfl, rcfl  # noqa: F401  (FCCL+ counterparts)
 from . import fedh2l, ind, agg  # noqa: F401
+from . import fedmmd, fedfusion  # noqa: F401

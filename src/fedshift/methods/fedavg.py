@@ -6,15 +6,25 @@ running statistics included; integer buffers such as ``num_batches_tracked`` are
 taken from the first client). Every participant starts each round from the global
 model; after averaging, every participant holds the global model, so intra/inter
 accuracies are those of the global model on each domain.
+
+Client sampling (``engine.clients_per_round`` / ``client_fraction``, McMahan's C):
+only the round's sampled clients train, and the average is weighted by their sample
+counts (Algorithm 2 line 7 of FedFusion). Without sampling every client trains, which
+is the domain-shift scenarios' protocol and gives the same numbers as before sampling
+existed. The average is accumulated client by client (:class:`RunningAverage`), so with
+``engine.server_model`` (one working model shared by all clients) a round holds the
+working model, the global weights and one accumulator whatever the number of clients.
+:class:`ServerAveraging` is that round; FedMMD and FedFusion override its hooks.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Literal, Sequence
+from typing import Dict, List, Literal, Mapping, Optional, Sequence
 
 import torch
 
+from ..engine.sampling import round_clients, unique_models
 from .base import METHODS, Method
 
 
@@ -45,29 +55,110 @@ def average_models(clients, weighting: str = "samples") -> Dict[str, torch.Tenso
     return avg
 
 
+class RunningAverage:
+    """``weighted_average`` accumulated one state at a time (same arithmetic, same order).
+
+    ``total`` (the sum of the weights) must be known up front, as it is for a round's
+    sampled clients, so each term is ``state * (w / total)`` exactly as in :func:`weighted_average`.
+    """
+
+    def __init__(self, total: float):
+        if total <= 0:
+            raise ValueError("weights must sum to a positive number")
+        self.total = float(total)
+        self.acc: Optional[Dict[str, torch.Tensor]] = None
+
+    def add(self, state: Mapping[str, torch.Tensor], weight: float) -> None:
+        if self.acc is None:
+            self.acc = {k: (torch.zeros_like(v, dtype=torch.float64) if torch.is_floating_point(v) else v.clone())
+                        for k, v in state.items()}
+        for k, v in state.items():
+            if torch.is_floating_point(v):
+                self.acc[k] += v.double() * (weight / self.total)
+
+    def result(self, like: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        return {k: (v.to(like[k].dtype) if torch.is_floating_point(like[k]) else v) for k, v in self.acc.items()}
+
+
 @dataclass(frozen=True)
 class FedAvgParams:
     init: Literal["scratch", "base"] = "scratch"  # authors' baselines start from scratch
     weighting: Literal["samples", "uniform"] = "samples"  # McMahan 2017: weight by n_k
 
 
-@METHODS.register("fedavg")
-class FedAvg(Method):
-    """FedAvg: local training from the global model, then sample-weighted parameter averaging."""
+class ServerAveraging(Method):
+    """The FedAvg round: the sampled clients train from the global model, the server averages them.
 
-    name = "fedavg"
-    Params = FedAvgParams
+    Between rounds every model object holds the global model (so the engine's saved
+    weights are the server state, and nothing else crosses rounds). Hooks for two-stream
+    methods: :meth:`begin_round` (gets the global weights before anyone trains),
+    :meth:`local_loss`, :meth:`aggregate` (the server's update from the average).
+    """
+
     requires_homogeneous = True
+    supports_sampling = True  # honours engine.clients_per_round / client_fraction
+    supports_server_model = True  # stateless clients: one shared working model is enough
 
     def setup(self, fed) -> None:
         # One global model to start from: the first participant's random initialisation
         # (averaging random inits would shrink the weights), or the average of BASE models.
+        self._fed = fed
         if self.p.init == "scratch":
             state = fed.clients[0].model.state_dict()
-            for c in fed.clients[1:]:
-                c.model.load_state_dict(state)
+            for m in unique_models(fed)[1:]:
+                m.load_state_dict(state)
         else:
             average_models(fed.clients, self.p.weighting)
 
+    def global_model(self, fed) -> torch.nn.Module:
+        return fed.clients[0].model
+
+    def begin_round(self, fed, r: int, global_state: Dict[str, torch.Tensor]) -> None:
+        pass
+
+    def aggregate(self, fed, average: Dict[str, torch.Tensor], global_state: Dict[str, torch.Tensor]):
+        """The next global weights from the clients' weighted average (FedAvg: the average)."""
+        return average
+
+    def local_update(self, fed, r: int) -> Dict[str, float]:
+        """The sampled clients train from the global model; their weighted average is accumulated
+        as they go (each client's model keeps its trained weights until :meth:`after_round`)."""
+        clients = round_clients(fed, r)
+        global_state = {k: v.detach().clone() for k, v in fed.clients[0].model.state_dict().items()}
+        self.begin_round(fed, r, global_state)
+        weights = [c.num_private if self.p.weighting == "samples" else 1.0 for c in clients]
+        avg = RunningAverage(sum(weights))
+        losses = {}
+        for i, (c, w) in enumerate(zip(clients, weights)):
+            if i:  # the first client starts from the global model already
+                c.model.load_state_dict(global_state)
+            losses[f"{c.name}/train/local_loss"] = fed.train_local(
+                c, lambda cl, x, y, s: self.local_loss(fed, cl, x, y, s))
+            avg.add(c.model.state_dict(), w)
+        self._next_global = self.aggregate(fed, avg.result(global_state), global_state)
+        return losses
+
     def after_round(self, fed, r: int) -> None:
-        average_models(fed.clients, self.p.weighting)
+        """Every model holds the new global model."""
+        new, self._next_global = self._next_global, None
+        for m in unique_models(fed):
+            m.load_state_dict(new)
+
+    def artifacts(self, out_dir) -> None:
+        """``sampled.csv``: the clients sampled in each round (absent when every client trains)."""
+        fed = getattr(self, "_fed", None)
+        if fed is None or not fed.sampled:
+            return
+        from pathlib import Path
+
+        lines = ["round,clients"] + [f"{r},{' '.join(fed.clients[i].name for i in idx)}"
+                                     for r, idx in sorted(fed.sampled.items())]
+        (Path(out_dir) / "sampled.csv").write_text("\n".join(lines) + "\n")
+
+
+@METHODS.register("fedavg")
+class FedAvg(ServerAveraging):
+    """FedAvg: local training from the global model, then sample-weighted parameter averaging."""
+
+    name = "fedavg"
+    Params = FedAvgParams

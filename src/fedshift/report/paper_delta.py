@@ -562,8 +562,7 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
     ``published_flags.csv`` into ``out_dir``; return the Markdown section."""
     out_dir = Path(out_dir)
     specs = [PublishedSpec.parse(e) for e in report_cfg.get("published", []) or []]
-    # published_as: the same mapping under the name the rounds-to-accuracy report uses
-    scenario_map = {**(report_cfg.get("published_as") or {}), **(report_cfg.get("published_scenarios") or {})}
+    scenario_map = dict(report_cfg.get("published_scenarios") or {})
     published = all_published(published_root)
     tables = {s.name: load_published(s.name, published_root) for s in specs}
     targets = sorted({m.split("/", 1)[1] for t in tables.values() for m in t["metric"] if m.startswith("rounds_to/")})

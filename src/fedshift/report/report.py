@@ -136,7 +136,9 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
     report_cfg = report_cfg or {}
     written: List[Path] = []
     with atomic_dir(Path(out_dir)) as tmp:
-        head = headline_frame(df, last_k)
+        full, df = df, df[df["kind"] != "global"]  # global-model rows: report/rounds.py
+        head = headline_frame(df, last_k) if len(df) else pd.DataFrame(
+            columns=["scenario", "public", "structure", "method", "seed", "participant", "kind", "top1", "top5"])
         md = [f"# {report_cfg.get('title', 'fedshift report')}", "",
               f"Mean accuracy (%) of the last {last_k} communication rounds, averaged over seeds; ± = 95% "
               "confidence half-width of that mean (Student t, seeds − 1 degrees of freedom; n = the seeds "
@@ -178,10 +180,13 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
                 pd.concat(both, axis=1).to_csv(tmp / f"{spec['name']}__{_slug(scen, pub, struct)}.csv")
         from .paper_delta import delta_report  # published tables (report.published) and the papers' claims
 
-        md += delta_report(df, report_cfg, tmp, last_k)
+        md += delta_report(full, report_cfg, tmp, last_k)
         from .h2l import h2l_section  # FedH2L Table II (ACC / WDP / CDP) when the runs wrote pooled rows
 
         md.extend(h2l_section(df, report_cfg, tmp, last_k))
+        from .rounds import rounds_report
+
+        md += rounds_report(full, tmp, report_cfg, last_k)
         (tmp / "report.md").write_text("\n".join(md))
         written = sorted(tmp.iterdir())
     final = [Path(out_dir) / p.name for p in written]

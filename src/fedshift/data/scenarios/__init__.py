@@ -6,3 +6,4 @@ from . import fedh2l  # noqa: F401
 from . import fedmmd  # noqa: F401
 from . import digits_offline  # noqa: F401
 from . import rotmnist_alpha  # noqa: F401
+from . import fedmmd_offline  # noqa: F401
