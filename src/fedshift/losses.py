@@ -387,7 +387,6 @@ def restricted_softmax_ce(logits: Tensor, labels: Tensor, present_mask: Tensor, 
     return F.cross_entropy(logits * scale, labels)
 
 
-<<<<<<< HEAD
 # ------------------------------------------------- counterparts of FCCL+ Tables VIII/IX/XV (issue 11)
 # FedProx, MOON, FedRS and RHFL's symmetric CE are above (prox_term, moon_contrastive_loss,
 # restricted_softmax_ce, symmetric_ce_loss). Below: FedProc, FML, FedMatch, RHFL's
@@ -638,7 +637,6 @@ def h2l_mutual_loss(student_logits: Tensor, teacher_probs: Tensor, peer_acc: Ten
 
 
 __all__ += ["project_gradient", "confidence_weights", "batch_accuracy", "h2l_mutual_loss"]
-=======
 # ---------------------------------------------------------------------------------------
 # FedMMD / FedFusion (Yao et al. 2019, papers/fedmmd-fedfusion.txt)
 # ---------------------------------------------------------------------------------------
@@ -680,4 +678,3 @@ def two_stream_l2(x: Tensor, y: Tensor) -> Tensor:
 def ema(previous: Tensor, new: Tensor, decay: float) -> Tensor:
     """Exponential moving average, ``decay * previous + (1 - decay) * new`` (FedFusion § 3.3)."""
     return decay * previous + (1.0 - decay) * new
->>>>>>> i10-fedmmd
