@@ -196,3 +196,39 @@ def test_interrupted_pretrain_resumes_bit_identically(tiny_data, tmp_path, monke
     ma, mb = (json.loads((tmp_path / d / "metrics.json").read_text()) for d in ("ref", "out"))
     ma.pop("timings"), mb.pop("timings")
     assert ma == mb
+
+
+def test_sampled_server_model_run_resumes_bit_identically(tiny_data, tmp_path, monkeypatch):
+    """Client sampling, the shared server model and the global-model curve survive an interruption:
+    the resumed run's metrics (rounds_to/*, global/top1), rounds.csv and sampled.csv equal a straight run's."""
+    from fedshift.methods.fedmmd import FedMMD
+
+    exp = {"engine": {"rounds": 4, "local_epochs": 1, "local_batch": 32, "device": "cpu", "threads": 1,
+                      "eval_batch": 512, "clients_per_round": 2, "server_model": True, "participant_eval": False,
+                      "global_eval_every": 1, "targets": [0.3, 0.99]},
+           "grid": [{"scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": ["fedmmd"],
+                     "structures": ["homo_lenet"]}]}
+    (cfg,) = load_experiments(exp, DATA, results=str(tmp_path / "results"), build=str(tiny_data)).federate.values()
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    runner.run_federate(cfg, ref)
+
+    real = FedMMD.run_round
+
+    def stop_in_round_3(self, fed, r):
+        if r == 3:
+            raise KeyboardInterrupt
+        return real(self, fed, r)
+
+    monkeypatch.setattr(FedMMD, "run_round", stop_in_round_3)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_federate(cfg, out)
+    assert _checkpoint_round(checkpoint.partial_dir(out)) == 2
+    monkeypatch.setattr(FedMMD, "run_round", real)
+    runner.run_federate(cfg, out)
+    a, b = (json.loads((d / "metrics.json").read_text()) for d in (ref, out))
+    assert b["timings"].pop("resumed_after_rounds") == [2]
+    a["timings"].pop("resumed_after_rounds")
+    a.pop("timings"), b.pop("timings")
+    assert a == b and "rounds_to/0.99" in a["headline"]
+    for name in ("rounds.csv", "sampled.csv"):
+        assert (ref / name).read_bytes() == (out / name).read_bytes(), name
