@@ -26,6 +26,7 @@ from ..data.loading import load_federated
 from ..errors import ConfigError
 from ..models import create_model
 from .config import EngineConfig, PretrainConfig
+from .cpu import check_bf16, tune_allocator
 from .federation import Federation, derive_seeds, resolve_device, summarise
 
 log = logging.getLogger(__name__)
@@ -48,8 +49,11 @@ def headline(history: List[Dict[str, float]], last_k: int) -> Dict[str, float]:
     return {k: float(sum(h[k] for h in tail) / len(tail)) for k in keys}
 
 
-def _setup_torch(device_spec: str, threads: Optional[int], deterministic: bool = False) -> torch.device:
+def _setup_torch(device_spec: str, threads: Optional[int], deterministic: bool = False,
+                 malloc_tuning: bool = False) -> torch.device:
     torch.set_flush_denormal(True)  # denormal floats in late training slow CPU kernels by orders of magnitude
+    if malloc_tuning:
+        tune_allocator()
     if threads:
         torch.set_num_threads(threads)
     if deterministic:
@@ -93,7 +97,8 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
 
     tracker = tracker or NullTracker()
     eng = EngineConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg["engine"].items()})
-    device = _setup_torch(eng.device, eng.threads, eng.deterministic)
+    device = _setup_torch(eng.device, eng.threads, eng.deterministic, eng.malloc_tuning)
+    check_bf16(eng.bf16, device)
     seed = int(cfg["seed"])
     torch.manual_seed(seed)
     method = create_method(cfg["base_method"], cfg["method_params"], cfg["scenario"], f"methods.{cfg['method']}")
@@ -124,7 +129,8 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
         tracker.log_metrics(summ, step=r)
         return summ
 
-    evaluate(0)
+    if eng.eval_round0:
+        evaluate(0)
     for r in range(1, eng.rounds + 1):
         fed.round = r
         t = time.time()
@@ -158,7 +164,8 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     from ..tracking import NullTracker
     tracker = tracker or NullTracker()
     pc = PretrainConfig(**cfg["pretrain"])
-    device = _setup_torch(pc.device, pc.threads)
+    device = _setup_torch(pc.device, pc.threads, malloc_tuning=pc.malloc_tuning)
+    check_bf16(pc.bf16, device)
     seed = int(cfg["seed"])
     data = load_federated(Path(cfg["paths"]["partition"]), None, device)
     if cfg["participant"] not in data.names:
@@ -167,7 +174,7 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     model = build_models([cfg["arch"]] * (idx + 1), data.num_classes, data.image_shape[0], pc.norm, seed)[idx]
     eng = EngineConfig(rounds=pc.epochs, local_epochs=1, local_batch=pc.batch, optimizer=pc.optimizer, lr=pc.lr,
                        weight_decay=pc.weight_decay, momentum=pc.momentum, norm=pc.norm, eval_batch=pc.eval_batch,
-                       device=pc.device, last_k=1)
+                       device=pc.device, last_k=1, bf16=pc.bf16, channels_last=pc.channels_last)
     own = replace(data, clients=[data.clients[idx]])
     fed = Federation(own, [model], [cfg["arch"]], eng, seed, device)
     client = fed.clients[0]
