@@ -22,11 +22,12 @@ Configurations (``--configs``; each is ``defaults`` with one lever changed, exce
 
     defaults      the engine defaults of this version
     before        fedshift before issue 14: stride-1 EfficientNet (efficientnet_b0_s1),
-                  eval_batch 2048, no channels_last, glibc allocator untuned, every
+                  eval_batch 2048, glibc allocator untuned, every
                   participant's graph alive in the collaborative step, correlation matrices
-                  every round (evaluation keeps this version's inference_mode and buffer)
+                  of 512 samples every round (evaluation keeps this version's inference_mode and buffer)
     no_malloc     engine.malloc_tuning: false
-    no_cl         engine.channels_last: false
+    cl            engine.channels_last: true (NHWC weights and activations)
+    cl_bf16       engine.channels_last: true and engine.bf16: true
     bf16          engine.bf16: true (bf16 autocast in evaluation; needs AVX-512 BF16/AMX)
     eval2048      engine.eval_batch: 2048
     eval128       engine.eval_batch: 128
@@ -66,10 +67,11 @@ QUICK = {"private": [138, 94, 500, 125], "public": 256 * 2, "test": 125}
 DEFAULTS: Dict = {"engine": {}, "method": {}, "efficientnet": "efficientnet_b0"}
 CONFIGS: Dict[str, Dict] = {
     "defaults": {},
-    "before": {"engine": {"eval_batch": 2048, "channels_last": False, "malloc_tuning": False, "public_graphs": "all"},
-               "method": {"corr_every": 1}, "efficientnet": "efficientnet_b0_s1"},
+    "before": {"engine": {"eval_batch": 2048, "malloc_tuning": False, "public_graphs": "all"},
+               "method": {"corr_every": 1, "corr_samples": 512}, "efficientnet": "efficientnet_b0_s1"},
     "no_malloc": {"engine": {"malloc_tuning": False}},
-    "no_cl": {"engine": {"channels_last": False}},
+    "cl": {"engine": {"channels_last": True}},
+    "cl_bf16": {"engine": {"channels_last": True, "bf16": True}},
     "bf16": {"engine": {"bf16": True}},
     "eval2048": {"engine": {"eval_batch": 2048}},
     "eval128": {"engine": {"eval_batch": 128}},
@@ -154,7 +156,8 @@ def run_one(name: str, args) -> Dict:
     res = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], env=env, capture_output=True,
                          text=True)
     if res.returncode:
-        raise SystemExit(f"configuration {name!r} failed:\n{res.stderr[-3000:]}")
+        why = " (killed: out of memory?)" if res.returncode == -9 else ""
+        raise SystemExit(f"configuration {name!r} failed, exit status {res.returncode}{why}:\n{res.stderr[-3000:]}")
     out = json.loads(res.stdout.strip().splitlines()[-1])
     out["whole"] = {"wall": time.perf_counter() - t0, **{k: out["process"][k] for k in ("user", "sys", "rss_gb")}}
     return out
@@ -221,14 +224,15 @@ def main(argv: List[str] | None = None) -> None:
         for name in args.configs:
             results[name].append(run_one(name, args))
             r = results[name][-1]
-            print(f"  {name}: " + ", ".join(f"{k} {r[k]['wall']:.1f}s" for k in PHASES + ["whole"] if k in r)
+            print(f"  {name}: " + ", ".join(f"{k} {r[k]['wall']:.1f}s ({r[k]['user']:.1f}u {r[k]['sys']:.1f}s)"
+                                            for k in PHASES + ["whole"] if k in r)
                   + f", rss {r['whole']['rss_gb']:.2f} GB, load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+            if args.json:  # after every run, so an interrupted comparison keeps what it measured
+                tmp = args.json.with_suffix(args.json.suffix + ".tmp")
+                tmp.write_text(json.dumps(results, indent=1))
+                tmp.replace(args.json)
     print(f"load {os.getloadavg()[0]:.1f} at the end\n")
     report(results, args)
-    if args.json:
-        tmp = args.json.with_suffix(args.json.suffix + ".tmp")
-        tmp.write_text(json.dumps(results, indent=1))
-        tmp.replace(args.json)
 
 
 if __name__ == "__main__":

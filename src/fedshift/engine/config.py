@@ -25,7 +25,7 @@ class EngineConfig:
     lr_decay: bool = False  # authors' code decays both rates as lr * (1 - 0.9 t / T); off = paper
     public_aug: Literal["none", "weak", "strong"] = "weak"  # FCCL+ § 4.1 / Table XIII recipes
     norm: Literal["default", "batch", "group", "none"] = "default"  # "default": each model's own (papers' choice)
-    channels_last: bool = True  # NHWC weights: same maths (float rounding aside), 1.3-1.8x faster CNN steps on CPU (benchmarks/)
+    channels_last: bool = False  # NHWC weights: same maths up to float rounding, 1.3-1.8x faster steps of the papers' CNNs on CPU (benchmarks/); off keeps runs bit-identical to earlier versions
     eval_every: int = 1  # evaluate every k rounds (the last round always)
     eval_round0: bool = True  # also evaluate the starting models (round 0 of rounds.csv); the authors' code does not
     eval_batch: int = 256  # inference batch (evaluation, figure data): fastest on CPU (benchmarks/bench_vs_reference.py)
@@ -63,7 +63,7 @@ class PretrainConfig:
     eval_every: int = 5  # evaluate on every domain's test set every k epochs (and the last)
     eval_batch: int = 256  # as EngineConfig.eval_batch
     bf16: bool = False  # as EngineConfig.bf16
-    channels_last: bool = True  # as EngineConfig.channels_last
+    channels_last: bool = False  # as EngineConfig.channels_last
     malloc_tuning: bool = True  # as EngineConfig.malloc_tuning
     device: str = "auto"
     threads: Optional[int] = None

@@ -83,7 +83,7 @@ class FCCLPlusParams:
     homogeneous_averaging: Literal["auto", "none", "before_local", "after_local"] = "auto"  # auto: before local (XV)
     averaging_weights: Literal["uniform", "samples"] = "uniform"  # authors' code averages uniformly
     corr_every: Union[int, Literal["sparse"]] = "sparse"  # Fig. 8 matrices: "sparse" = the figure's 5 rounds; k = every k rounds and the last; 0 = off
-    corr_samples: int = 512  # public (and at most as many private) samples per recorded matrix
+    corr_samples: int = 256  # public (and at most as many private) samples per matrix; the authors draw theirs from one public batch of 256
 
     def __post_init__(self):
         if not self.fntd and self.local_distill != "fntd":
