@@ -44,6 +44,7 @@ REFERENCE_PARAMS = {
     "mobilenet_v2": (3, 2_296_922, "torchvision mobilenet_v2 3,504,872 - fc 1,281,000 + 12,810 + 1,088 + 59,152"),
     # CIFAR B0 = torchvision's B0 without the 1x1 conv 320->1280 (+BN): 412,160.
     "efficientnet_b0": (3, 3_598_598, "torchvision efficientnet_b0 5,288,548 - head 412,160 - fc 1,281,000 + 3,210"),
+    "efficientnet_b0_s1": (3, 3_598_598, "efficientnet_b0 with one stride changed: same parameters"),
     # Same units and widths as torchvision's x1.0; only the stem stride and max-pool differ.
     "shufflenet_v2": (3, 1_263_854, "torchvision shufflenet_v2_x1_0 2,278,604 - fc 1,025,000 + 10,250"),
     # torchvision googlenet (no aux heads) 6,624,904; - its stem (convs 9,408 + 4,096 +

@@ -32,9 +32,13 @@ class EngineConfig:
     # true drops it. A last batch of one sample is always dropped (BatchNorm cannot train on it).
     public_drop_last: bool = False
     norm: Literal["default", "batch", "group", "none"] = "default"  # "default": each model's own (papers' choice)
-    channels_last: bool = False  # NHWC weights: same maths (float rounding aside), 1.1-1.6x faster CNN training here (benchmarks/)
+    channels_last: bool = False  # NHWC weights: same maths up to float rounding, 1.3-1.8x faster steps of the papers' CNNs on CPU (benchmarks/); off keeps runs bit-identical to earlier versions
     eval_every: int = 1  # evaluate every k rounds (the last round always)
-    eval_batch: int = 2048  # evaluation batch; evaluation is vectorised over all test sets
+    eval_round0: bool = True  # also evaluate the starting models (round 0 of rounds.csv); the authors' code does not
+    eval_batch: int = 256  # inference batch (evaluation, figure data): fastest on CPU (benchmarks/bench_vs_reference.py)
+    bf16: bool = False  # bf16 autocast in evaluation; needs hardware bf16 (AVX-512 BF16, AMX or CUDA), refused otherwise
+    malloc_tuning: bool = True  # glibc: reuse freed activation buffers instead of faulting in fresh pages (engine/cpu.py)
+    public_graphs: Literal["all", "one"] = "one"  # FCCL/FCCL+ collaborative step: every participant's autograd graph alive at once, or one (less memory, K-1 more forwards)
     last_k: int = 3  # headline = mean of the last 3 evaluated rounds (FCCL+ tables)
     # headline selection: "last_k" = mean of the last_k evaluations (FCCL+ tables); "best_val" = per participant,
     # its evaluation with the best validation ACC (FedH2L § IV-A: validation every 50 rounds, keep the best model)
@@ -119,7 +123,10 @@ class PretrainConfig:
     momentum: float = 0.9
     norm: Literal["default", "batch", "group", "none"] = "default"  # must match the federated runs using the checkpoint
     eval_every: int = 5  # evaluate on every domain's test set every k epochs (and the last)
-    eval_batch: int = 2048
+    eval_batch: int = 256  # as EngineConfig.eval_batch
+    bf16: bool = False  # as EngineConfig.bf16
+    channels_last: bool = False  # as EngineConfig.channels_last
+    malloc_tuning: bool = True  # as EngineConfig.malloc_tuning
     device: str = "auto"
     threads: Optional[int] = None
     checkpoint_every: int = 1  # write a resumable checkpoint every k epochs (0: never)

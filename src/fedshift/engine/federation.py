@@ -22,7 +22,8 @@ from ..data.loading import ClientData, FederatedData, normalize
 from ..errors import NonFiniteError
 from ..models import FedModel
 from .config import EngineConfig
-from .evaluation import evaluate_domains, intra_inter
+from .cpu import autocast
+from .evaluation import EvalSuite, evaluate_suite, intra_inter
 from .levers import EngineLevers, drive, slot_device
 
 log = logging.getLogger(__name__)
@@ -242,6 +243,10 @@ class Federation:
         return {f"{c.name}/train/local_loss": float(v) for c, v in zip(clients, losses)}
 
     # ----------------------------------------------------------- evaluation
+    def amp(self):
+        """The inference phases' autocast context (``engine.bf16``; a no-op when off)."""
+        return autocast(self.cfg.bf16, self.device)
+
     def test_sets(self):
         return {c.domain: c.data.get("test") for c in self.clients}
 
@@ -251,10 +256,10 @@ class Federation:
         ``tests``: domain -> (images, labels); default every client's own test set.
         """
         rows = []
-        tests = self.test_sets() if tests is None else tests
+        suite = EvalSuite.of(self.test_sets() if tests is None else tests)  # concatenated once for all models
         ks = (1, 5)
         for c in self.clients:
-            per_dom = evaluate_domains(c.model, tests, ks, self.cfg.eval_batch)
+            per_dom = evaluate_suite(c.model, suite, ks, self.cfg.eval_batch, self.amp())
             for dom, acc in per_dom.items():
                 rows.append({"participant": c.name, "arch": c.arch, "domain": dom,
                              "kind": "intra" if dom == c.domain else "inter",

@@ -33,9 +33,9 @@ from ..data import store
 from ..data.loading import load_federated
 from ..errors import ConfigError
 from ..models import create_model
-from . import checkpoint
+from . import checkpoint, h2l_metrics
 from .config import EngineConfig, PretrainConfig, check_cuda
-from . import h2l_metrics
+from .cpu import check_bf16, tune_allocator
 from .federation import Federation, derive_seeds, resolve_device, summarise
 from .sampling import GlobalEvaluator, check_engine
 
@@ -59,12 +59,15 @@ def headline(history: List[Dict[str, float]], last_k: int) -> Dict[str, float]:
     return {k: float(sum(h[k] for h in tail) / len(tail)) for k in keys}
 
 
-def _setup_torch(device_spec: str, threads: Optional[int], deterministic: bool = False) -> torch.device:
+def _setup_torch(device_spec: str, threads: Optional[int], deterministic: bool = False,
+                 malloc_tuning: bool = False) -> torch.device:
     try:
         check_cuda(device_spec)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     torch.set_flush_denormal(True)  # denormal floats in late training slow CPU kernels by orders of magnitude
+    if malloc_tuning:
+        tune_allocator()
     if threads:
         torch.set_num_threads(threads)
     if deterministic:
@@ -161,7 +164,8 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     out_dir = Path(out_dir)
     check_writable(out_dir)
     eng = EngineConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg["engine"].items()})
-    device = _setup_torch(eng.device, eng.threads, eng.deterministic)
+    device = _setup_torch(eng.device, eng.threads, eng.deterministic, eng.malloc_tuning)
+    check_bf16(eng.bf16, device)
     seed = int(cfg["seed"])
     torch.manual_seed(seed)
     method = create_method(cfg["base_method"], cfg["method_params"], cfg["scenario"], f"methods.{cfg['method']}")
@@ -225,7 +229,7 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
         start = ckpt["round"] + 1
         log.info("resuming %s after round %d from %s", cfg["run_name"], ckpt["round"], partial)
     else:
-        if eng.participant_eval:
+        if eng.participant_eval and eng.eval_round0:
             evaluate(0)
         all_rows.extend(global_eval(0, tracker))
     for r in range(start, eng.rounds + 1):
@@ -292,7 +296,8 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     out_dir = Path(out_dir)
     check_writable(out_dir)
     pc = PretrainConfig(**cfg["pretrain"])
-    device = _setup_torch(pc.device, pc.threads)
+    device = _setup_torch(pc.device, pc.threads, malloc_tuning=pc.malloc_tuning)
+    check_bf16(pc.bf16, device)
     seed = int(cfg["seed"])
     verify_s = verify_inputs([Path(cfg["paths"]["partition"])])
     data = load_federated(Path(cfg["paths"]["partition"]), None, device)
@@ -303,7 +308,7 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     model = build_models([cfg["arch"]] * (idx + 1), data.num_classes, data.image_shape[0], pc.norm, seed)[idx]
     eng = EngineConfig(rounds=pc.epochs, local_epochs=1, local_batch=pc.batch, optimizer=pc.optimizer, lr=pc.lr,
                        weight_decay=pc.weight_decay, momentum=pc.momentum, norm=pc.norm, eval_batch=pc.eval_batch,
-                       device=pc.device, last_k=1)
+                       device=pc.device, last_k=1, bf16=pc.bf16, channels_last=pc.channels_last)
     own = replace(data, clients=[data.clients[idx]])
     fed = Federation(own, [model], [cfg["arch"]], eng, seed, device)
     fed.method_name = "pretrain"

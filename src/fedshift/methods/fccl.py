@@ -35,7 +35,10 @@ What was kept, and where the authors' code and the paper differ (switches):
   statistics see the batch once instead of twice).
 * ``corr_every``: the cross-correlation matrices of CVPR Fig. 5 / FCCL+ Fig. 8 (each
   participant against the mean of the others, on public and on its private data)
-  are recorded every k rounds and saved as ``cross_correlation.npz`` + ``.png``.
+  are recorded every k rounds, or (``sparse``, the default) at the rounds the figure
+  draws: the first, the last and three evenly spaced between (:func:`sparse_rounds`);
+  saved as ``cross_correlation.npz`` + ``.png``. The authors' runs pay for no such
+  figure data: every round it cost a tenth of a CPU round.
 
 :class:`FCCL` is also the base class of FCCL+ (:mod:`fedshift.methods.fccl_plus`),
 which overrides the collaborative loss and the local distillation.
@@ -45,7 +48,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 import torch
@@ -125,16 +128,32 @@ class FCCLParams:
     fresh_optimizer: bool = True  # authors' code: a new Adam for every public batch (state reset each step)
     homogeneous_averaging: Literal["auto", "none", "before_local", "after_local"] = "auto"  # auto: after local (Table 3)
     averaging_weights: Literal["uniform", "samples"] = "uniform"  # authors' code averages uniformly
-    corr_every: int = 1  # record Fig. 5 cross-correlation matrices every k rounds (0: off; the last round always)
-    corr_samples: int = 512  # public (and at most as many private) samples per recorded matrix
+    corr_every: Union[int, Literal["sparse"]] = "sparse"  # Fig. 5 matrices: "sparse" = the figure's 5 rounds; k = every k rounds and the last; 0 = off
+    corr_samples: int = 256  # public (and at most as many private) samples per matrix; the authors draw theirs from one public batch of 256
 
     def __post_init__(self):
         if self.lam < 0 or self.lambda_loc < 0:
             raise ValueError("lam and lambda_loc must be >= 0")
         if self.tau <= 0:
             raise ValueError(f"tau must be > 0, got {self.tau}")
-        if self.corr_every < 0 or self.corr_samples < 2:
-            raise ValueError("corr_every must be >= 0 and corr_samples >= 2")
+        check_corr(self.corr_every, self.corr_samples)
+
+
+def check_corr(every, samples: int) -> None:
+    if (every != "sparse" and every < 0) or samples < 2:
+        raise ValueError(f"corr_every must be 'sparse' or >= 0 and corr_samples >= 2, got {every!r}, {samples}")
+
+
+def sparse_rounds(rounds: int, points: int = 5) -> Set[int]:
+    """First, last and evenly spaced rounds of 1..rounds, ``points`` in all (fewer if rounds < points)."""
+    return {int(r) for r in np.linspace(1, rounds, min(points, rounds)).round()}
+
+
+def corr_due(every, r: int, rounds: int) -> bool:
+    """Whether round ``r`` of ``rounds`` records the cross-correlation matrices."""
+    if every == "sparse":
+        return r in sparse_rounds(rounds)
+    return bool(every) and (r % every == 0 or r == rounds)
 
 
 @METHODS.register("fccl")
@@ -189,13 +208,28 @@ class FCCL(AveragingMethod):
             return {}
         clients = fed.clients
 
+        def previous(xb):
+            if self.p.target != "others_prev":
+                return None
+            with torch.no_grad():
+                return [c.state["prev"].forward_with_features(xb) for c in clients]
+
+        if fed.cfg.public_graphs == "one":  # same maths, one participant's graph alive at a time
+            cache = {}
+
+            def losses(outs):
+                return self.colla_losses(outs, cache["prev"])
+
+            def forward(c, xb):
+                if cache.get("xb") is not xb:  # once per public batch
+                    cache["xb"], cache["prev"] = xb, previous(xb)
+                return c.model.forward_with_features(xb)
+
+            return self.public_step_one_graph(fed, forward, losses, "colla_loss")
+
         def batch_losses(xb):
             outs = [c.model.forward_with_features(xb) for c in clients]
-            prev = None
-            if self.p.target == "others_prev":
-                with torch.no_grad():
-                    prev = [c.state["prev"].forward_with_features(xb) for c in clients]
-            return self.colla_losses(outs, prev)
+            return self.colla_losses(outs, previous(xb))
 
         return self.public_step(fed, batch_losses, "colla_loss")
 
@@ -279,8 +313,7 @@ class FCCL(AveragingMethod):
 
     # ------------------------------------------------ cross-correlation figure
     def after_round(self, fed, r: int) -> None:
-        k = self.p.corr_every
-        if k and len(fed.clients) > 1 and (r % k == 0 or r == fed.cfg.rounds):
+        if len(fed.clients) > 1 and corr_due(self.p.corr_every, r, fed.cfg.rounds):
             self._corr[r] = correlation_matrices(fed, self.p.corr_samples)
 
     def artifacts(self, out_dir: Path) -> None:
@@ -316,15 +349,20 @@ def correlation_matrices(fed, samples: int) -> Dict[str, np.ndarray]:
         others = torch.stack([z for j, z in enumerate(zs) if j != i]).mean(0)
         return cross_correlation(zs[i], others, eps=1e-8)
 
+    b = fed.cfg.eval_batch
+
+    def logits(model, images: Tensor) -> Tensor:
+        return torch.cat([model(normalize(images[s:s + b])).float() for s in range(0, len(images), b)])
+
     try:
-        with torch.no_grad():
-            pub = normalize(fed.data.public[:samples])
-            z_pub = [c.model(pub) for c in clients]
+        with torch.inference_mode(), fed.amp():
+            pub = fed.data.public[:samples]
+            z_pub = [logits(c.model, pub) for c in clients]
             public = torch.stack([against_others(z_pub, i) for i in range(len(clients))])
             private = []
             for i, c in enumerate(clients):
-                x = normalize(c.data.get("private")[0][:samples])
-                private.append(against_others([m.model(x) for m in clients], i))
+                x = c.data.get("private")[0][:samples]
+                private.append(against_others([logits(m.model, x) for m in clients], i))
             private = torch.stack(private)
     finally:
         for c, w in zip(clients, was):

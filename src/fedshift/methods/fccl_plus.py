@@ -34,7 +34,7 @@ fresh_optimizer        true             authors' code: a new Adam per public bat
 fntd_renormalize       false            paper and code; true = DKD-style softmax over non-targets
 teacher_bn             eval             ``train``: the FCCL+ code runs its teacher in train mode
 homogeneous_averaging  auto             Table XV: average before local updating when homogeneous
-corr_every             1                Fig. 8: cross-correlation matrices every k rounds
+corr_every             sparse           Fig. 8: cross-correlation matrices at 5 rounds (k: every k rounds)
 =====================  ===============  ===================================================================
 
 Table XIII (weak vs strong public augmentation) is ``engine.public_aug``, Table XIX's
@@ -48,7 +48,7 @@ checkpoints instead (variant ``fcclp_base`` in params/ablations/code_variants.ya
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Literal, Optional, Tuple
+from typing import List, Literal, Optional, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -58,7 +58,7 @@ from ..data.loading import normalize
 from ..losses import (diagonal_fisher, ewc_penalty, fccl_dual_distillation_loss, fccm_loss, fisl_loss, fntd_loss,
                       instance_similarity, kd_loss)
 from .base import METHODS
-from .fccl import FCCL, collaborative_targets
+from .fccl import FCCL, check_corr, collaborative_targets
 
 LOCAL_DISTILL = ("fntd", "kd", "dual", "ewc", "none")
 
@@ -83,8 +83,8 @@ class FCCLPlusParams:
     fresh_optimizer: bool = True  # authors' code: a new Adam for every public batch (state reset each step)
     homogeneous_averaging: Literal["auto", "none", "before_local", "after_local"] = "auto"  # auto: before local (XV)
     averaging_weights: Literal["uniform", "samples"] = "uniform"  # authors' code averages uniformly
-    corr_every: int = 1  # record Fig. 8 cross-correlation matrices every k rounds (0: off; the last round always)
-    corr_samples: int = 512  # public (and at most as many private) samples per recorded matrix
+    corr_every: Union[int, Literal["sparse"]] = "sparse"  # Fig. 8 matrices: "sparse" = the figure's 5 rounds; k = every k rounds and the last; 0 = off
+    corr_samples: int = 256  # public (and at most as many private) samples per matrix; the authors draw theirs from one public batch of 256
 
     def __post_init__(self):
         if not self.fntd and self.local_distill != "fntd":
@@ -98,8 +98,7 @@ class FCCLPlusParams:
             raise ValueError("tau and mu must be > 0")
         if min(self.lam, self.omega, self.ewc_lambda) < 0:
             raise ValueError("lam, omega and ewc_lambda must be >= 0")
-        if self.corr_every < 0 or self.corr_samples < 2:
-            raise ValueError("corr_every must be >= 0 and corr_samples >= 2")
+        check_corr(self.corr_every, self.corr_samples)
 
     @property
     def distill(self) -> str:

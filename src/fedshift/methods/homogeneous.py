@@ -152,6 +152,67 @@ class AveragingMethod(Method):
             fed.check_total(v, c.name, key)
         return {f"{c.name}/train/{key}": v for c, v in zip(clients, means)}
 
+    def public_step_one_graph(self, fed, forward: Callable, losses: Callable, key: str) -> Dict[str, float]:
+        """:meth:`public_step` with at most one participant's autograd graph alive (``engine.public_graphs: one``).
+
+        ``forward(c, xb)`` gives participant ``c``'s outputs (tensors or tuples of them)
+        and ``losses(outs)`` every participant's loss from the list of outputs, as
+        :meth:`public_step`'s ``batch_losses`` would. Per public batch, participants
+        0..K-2 first run without a graph (their outputs only feed the detached
+        targets), the last one with its graph; it steps; then each other participant
+        runs again with its graph and steps. The second pass sees the random state
+        (dropout) and the BatchNorm running statistics its first pass saw and leaves
+        the running statistics as one pass would, so the losses, gradients and updates
+        are those of :meth:`public_step`, at the price of K-1 more forward passes.
+        """
+        clients = fed.clients
+        cuda = fed.device.type == "cuda"
+        totals = torch.zeros(len(clients), device=fed.device)
+        steps = 0
+
+        def rng_state():
+            return torch.get_rng_state(), (torch.cuda.get_rng_state(fed.device) if cuda else None)
+
+        def set_rng_state(state):
+            torch.set_rng_state(state[0])
+            if cuda:
+                torch.cuda.set_rng_state(state[1], fed.device)
+
+        def step(i: int, outs: List) -> None:
+            opt = self.public_optimizer(fed, clients[i])
+            loss = losses(outs)[i]
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            totals[i] += loss.detach()
+
+        for xb in fed.public_batches():
+            last = len(clients) - 1
+            states, buffers, outs = [], [], []
+            for i, c in enumerate(clients):
+                states.append(rng_state())
+                if i < last:
+                    buffers.append([b.detach().clone() for b in c.model.buffers()])
+                    with torch.no_grad():
+                        outs.append(forward(c, xb))
+                else:
+                    outs.append(forward(c, xb))
+            after = rng_state()
+            detached = [_detach(o) for o in outs]
+            step(last, detached[:last] + [outs[last]])
+            del outs
+            for i in range(last):
+                c = clients[i]
+                with torch.no_grad():
+                    for b, saved in zip(c.model.buffers(), buffers[i]):
+                        b.copy_(saved)
+                set_rng_state(states[i])
+                step(i, detached[:i] + [forward(c, xb)] + detached[i + 1:])
+            set_rng_state(after)
+            steps += 1
+        means = (totals / max(steps, 1)).tolist()
+        return {f"{c.name}/train/{key}": v for c, v in zip(clients, means)}
+
     def run_round(self, fed, r: int) -> Dict[str, float]:
         metrics = dict(self.collaborate(fed, r) or {})
         if self.averaging == "before_local":
@@ -161,3 +222,10 @@ class AveragingMethod(Method):
             self.average(fed)
         self.after_round(fed, r)
         return metrics
+
+
+def _detach(out):
+    """Detach a tensor or a tuple/list of tensors."""
+    if isinstance(out, (tuple, list)):
+        return type(out)(_detach(o) for o in out)
+    return out.detach()

@@ -1,11 +1,21 @@
 """EfficientNet-B0 for 32x32 inputs (Tan & Le, ICML 2019), the SVHN participant of FCCL+.
 
-The CIFAR variant the FCCL+ authors use (kuangliu/pytorch-cifar style): B0's seven
-MBConv stages (expansion, channels, repeats, kernel, stride) with the stem at stride 1
-and the second stage at stride 1 instead of 2, so 32x32 ends at 4x4; squeeze-and-
-excitation with ``in_channels // 4`` units, SiLU ("swish"), stochastic depth rising to
-0.2 over the blocks, dropout 0.2 before the classifier. Like that variant it has no
-final 1x1 conv to 1280 channels: the classifier reads the 320-channel map directly.
+``efficientnet_b0`` is the CIFAR variant the FCCL+ authors' code trains (the one behind
+their tables): B0's seven MBConv stages (expansion, channels, repeats, kernel, stride)
+with the stem at stride 1 and every stage at its ImageNet stride, so 32x32 ends at
+2x2; squeeze-and-excitation with ``in_channels // 4`` units, SiLU ("swish"), dropout
+0.2 before the classifier, and no final 1x1 conv to 1280 channels (the classifier
+reads the 320-channel map). Its stochastic depth is off: the authors' code computes a
+drop rate ``0.2 * b / blocks`` but never advances ``b``, so every block's rate is 0.
+It costs 0.061 GFLOPs per 32x32 image, as theirs (``docs/models.md``); their printed
+parameter count (3.87 M) adds a projection head FCCL+ never calls (``encoder``,
+320 -> 320 -> 512: 267,072) and the unused 1x1 expansion conv of the first block (1,088).
+
+``efficientnet_b0_s1`` is fedshift's earlier variant: the second stage at stride 1
+instead of 2 (as the CIFAR MobileNetV2 does), so 32x32 ends at 4x4, and stochastic
+depth rising to 0.2 over the blocks. Same parameters, 3.6x the FLOPs (0.219 GFLOPs);
+kept for comparisons, it does not reproduce the published tables.
+
 Own implementation, not torchvision's: torchvision's stem is stride 2 and fixed to 3
 input channels, and its B0 carries the 1280-channel head.
 """
@@ -19,10 +29,11 @@ from torch import nn
 
 from .base import MODELS, FedModel, make_norm
 
-# (expansion, out_channels, repeats, kernel, stride): B0, CIFAR strides.
+# (expansion, out_channels, repeats, kernel, stride): B0's stages (ImageNet strides; the
+# CIFAR variants differ only by the stride-1 stem and, for ``efficientnet_b0_s1``, stage 2).
 B0_STAGES = (
     (1, 16, 1, 3, 1),
-    (6, 24, 2, 3, 1),  # stride 2 in the ImageNet B0
+    (6, 24, 2, 3, 2),  # efficientnet_b0_s1: stride 1
     (6, 40, 2, 5, 2),
     (6, 80, 3, 3, 2),
     (6, 112, 3, 5, 1),
@@ -84,7 +95,6 @@ class MBConv(nn.Module):
         return out
 
 
-@MODELS.register("efficientnet_b0")
 class EfficientNetB0(FedModel):
     """EfficientNet-B0, CIFAR variant (Tan & Le, EfficientNet, ICML 2019)."""
 
@@ -95,8 +105,9 @@ class EfficientNetB0(FedModel):
         num_classes: int = 10,
         in_channels: int = 3,
         norm: str = "batch",
-        dropout: float = 0.2,  # B0's classifier dropout
-        drop_path_rate: float = 0.2,  # B0's stochastic depth, scaled linearly over the blocks
+        dropout: float = 0.2,  # B0's classifier dropout (authors' code: 0.2)
+        drop_path_rate: float = 0.0,  # authors' code: 0 in effect (see the module docstring); B0 paper: 0.2
+        stage2_stride: int = 2,  # authors' code and ImageNet B0: 2; efficientnet_b0_s1: 1
     ):
         super().__init__()
         self.num_classes = num_classes
@@ -106,7 +117,8 @@ class EfficientNetB0(FedModel):
         ]
         total = sum(s[2] for s in B0_STAGES)
         cin, b = 32, 0
-        for expansion, cout, repeats, kernel, stride in B0_STAGES:
+        for i, (expansion, cout, repeats, kernel, stride) in enumerate(B0_STAGES):
+            stride = stage2_stride if i == 1 else stride
             for j in range(repeats):
                 layers.append(
                     MBConv(cin, cout, expansion, kernel, stride if j == 0 else 1, norm, drop_path_rate * b / total)
@@ -118,3 +130,15 @@ class EfficientNetB0(FedModel):
 
     def feature_map(self, x: torch.Tensor) -> torch.Tensor:
         return self.body(x)
+
+
+@MODELS.register("efficientnet_b0")
+def efficientnet_b0(num_classes: int = 10, in_channels: int = 3, norm: str = "batch") -> EfficientNetB0:
+    """EfficientNet-B0 as the FCCL+ authors' code trains it (Tan & Le, ICML 2019): 2x2 final map."""
+    return EfficientNetB0(num_classes, in_channels, norm)
+
+
+@MODELS.register("efficientnet_b0_s1")
+def efficientnet_b0_s1(num_classes: int = 10, in_channels: int = 3, norm: str = "batch") -> EfficientNetB0:
+    """EfficientNet-B0 (Tan & Le, ICML 2019), stage 2 at stride 1 (4x4 final map), stochastic depth 0.2."""
+    return EfficientNetB0(num_classes, in_channels, norm, drop_path_rate=0.2, stage2_stride=1)

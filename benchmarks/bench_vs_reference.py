@@ -1,0 +1,239 @@
+"""One FCCL+ run of the authors' benchmark workload, per phase, against their code's figures (not a test).
+
+The workload of issue 14, measured side by side with the FCCL+ authors' code on a 2-core
+machine of this kind: FCCL+ on Digits-shaped synthetic data (random uint8 pixels,
+3x32x32, 10 classes), the authors' architectures (structure ``fcclplus_digits``:
+ResNet10, ResNet12, EfficientNet-B0, MobileNetV2), private 138 / 94 / 4,000 / 1,000
+images, public 2,000, 1,000 test images per domain; one round of one local epoch,
+public batch 256 and local batch 128 (the authors' settings), then one evaluation of
+every model on every test set (the authors' code evaluates once; fedshift's
+round-0 evaluation is the ``eval_round0`` lever). ``--quick`` runs the same pipeline
+on an eighth of the data (under 2 minutes on 2 idle cores); its figures are not
+comparable to the authors'.
+
+Each configuration runs in a fresh process (so its peak RSS is its own), the
+configurations alternating (A B C A B C ...) ``--repeats`` times; the table gives the
+median per phase: wall seconds, and user / system CPU seconds of the process (system
+time is the kernel's: page faults on fresh buffers). ``whole`` is the worker process
+from start to exit (interpreter, imports, data, models, round, evaluations).
+
+Configurations (``--configs``; each is ``defaults`` with one lever changed, except
+``before``):
+
+    defaults      the engine defaults of this version
+    before        fedshift before issue 14: stride-1 EfficientNet (efficientnet_b0_s1),
+                  eval_batch 2048, glibc allocator untuned, every
+                  participant's graph alive in the collaborative step, correlation matrices
+                  of 512 samples every round (evaluation keeps this version's inference_mode and buffer)
+    no_malloc     engine.malloc_tuning: false
+    cl            engine.channels_last: true (NHWC weights and activations)
+    cl_bf16       engine.channels_last: true and engine.bf16: true
+    bf16          engine.bf16: true (bf16 autocast in evaluation; needs AVX-512 BF16/AMX)
+    eval2048      engine.eval_batch: 2048
+    eval128       engine.eval_batch: 128
+    eff_s1        the earlier stride-1 EfficientNet-B0 (efficientnet_b0_s1)
+    eval_round0   engine.eval_round0: true (one more evaluation, before the round)
+    no_corr       fccl_plus.corr_every: 0 (no cross-correlation figure data)
+    graphs_all    engine.public_graphs: all (every participant's autograd graph alive in the
+                  collaborative step: K-1 fewer forward passes, K times the activation memory)
+
+    PYTHONPATH=src python benchmarks/bench_vs_reference.py --quick --configs defaults before
+    PYTHONPATH=src python benchmarks/bench_vs_reference.py --threads 2 --repeats 2 --configs defaults before
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Dict, List
+
+T_START = time.perf_counter()
+ROOT = Path(__file__).resolve().parents[1]
+
+# The authors' FCCL+ code on this workload, 2-core machine of this kind, two runs (issue 14).
+AUTHORS = {"collab": (458, 425), "local": (100, 97), "eval": (81, 75), "whole": (642, 599), "rss_gb": (17.1, 17.1)}
+
+FULL = {"private": [138, 94, 4000, 1000], "public": 2000, "test": 1000}
+QUICK = {"private": [138, 94, 500, 125], "public": 256 * 2, "test": 125}
+
+DEFAULTS: Dict = {"engine": {}, "method": {}, "efficientnet": "efficientnet_b0"}
+CONFIGS: Dict[str, Dict] = {
+    "defaults": {},
+    "before": {"engine": {"eval_batch": 2048, "malloc_tuning": False, "public_graphs": "all"},
+               "method": {"corr_every": 1, "corr_samples": 512}, "efficientnet": "efficientnet_b0_s1"},
+    "no_malloc": {"engine": {"malloc_tuning": False}},
+    "cl": {"engine": {"channels_last": True}},
+    "cl_bf16": {"engine": {"channels_last": True, "bf16": True}},
+    "bf16": {"engine": {"bf16": True}},
+    "eval2048": {"engine": {"eval_batch": 2048}},
+    "eval128": {"engine": {"eval_batch": 128}},
+    "eff_s1": {"efficientnet": "efficientnet_b0_s1"},
+    "eval_round0": {"engine": {"eval_round0": True}},
+    "no_corr": {"method": {"corr_every": 0}},
+    "graphs_all": {"engine": {"public_graphs": "all"}},
+}
+PHASES = ["eval0", "collab", "local", "corr", "eval"]
+
+
+# ---------------------------------------------------------------------- worker
+def synthetic(sizes: Dict, seed: int = 0):
+    import torch
+
+    from fedshift.data.loading import ClientData, FederatedData
+
+    g = torch.Generator().manual_seed(seed)
+
+    def images(n):
+        return torch.randint(0, 256, (n, 3, 32, 32), generator=g, dtype=torch.uint8)
+
+    def labels(n):
+        return torch.randint(0, 10, (n,), generator=g)
+
+    clients = []
+    for name, n in zip(("mnist", "usps", "svhn", "syn"), sizes["private"]):
+        clients.append(ClientData(name=name, domain=name, splits={
+            "private": (images(n), labels(n)), "test": (images(sizes["test"]), labels(sizes["test"]))}))
+    return FederatedData(scenario="digits_synthetic", num_classes=10, image_shape=(3, 32, 32), clients=clients,
+                         public=images(sizes["public"]), public_name="synthetic")
+
+
+def worker(spec: Dict) -> Dict:
+    import torch
+
+    from fedshift.config import resolve
+    from fedshift.engine.config import EngineConfig
+    from fedshift.engine.federation import Federation
+    from fedshift.engine.runner import _setup_torch, build_models
+    from fedshift.methods import create_method
+    from fedshift.models import get_structure
+
+    cfg = {**DEFAULTS, **spec["config"]}
+    eng = {"rounds": 1, "local_epochs": 1, "local_batch": 128, "public_batch": 256, "public_aug": "weak",
+           "device": "cpu", "threads": spec["threads"], "eval_round0": False, **cfg["engine"]}
+    ecfg = resolve(EngineConfig, eng, "engine")
+    device = _setup_torch(ecfg.device, ecfg.threads, malloc_tuning=ecfg.malloc_tuning)
+    data = synthetic(spec["sizes"])
+    archs = [cfg["efficientnet"] if a == "efficientnet_b0" else a for a in get_structure("fcclplus_digits").assign(4)]
+    models = build_models(archs, 10, 3, ecfg.norm, 0)
+    fed = Federation(data, models, archs, ecfg, 0, device)
+    method = create_method("fccl_plus", cfg["method"], "digits")
+    method.setup(fed)
+    out: Dict = {"archs": archs, "threads": torch.get_num_threads()}
+
+    def timed(name, fn):
+        r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+        fn()
+        r1 = resource.getrusage(resource.RUSAGE_SELF)
+        out[name] = {"wall": time.perf_counter() - t0, "user": r1.ru_utime - r0.ru_utime,
+                     "sys": r1.ru_stime - r0.ru_stime, "rss_gb": r1.ru_maxrss / 2**20}
+
+    if ecfg.eval_round0:
+        timed("eval0", fed.evaluate)
+    fed.round = 1
+    timed("collab", lambda: method.collaborate(fed, 1))
+    timed("local", lambda: method.local_update(fed, 1))
+    timed("corr", lambda: method.after_round(fed, 1))
+    timed("eval", fed.evaluate)
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    out["process"] = {"wall": time.perf_counter() - T_START, "user": ru.ru_utime, "sys": ru.ru_stime,
+                      "rss_gb": ru.ru_maxrss / 2**20}
+    return out
+
+
+# ---------------------------------------------------------------------- parent
+def run_one(name: str, args) -> Dict:
+    spec = {"config": CONFIGS[name], "threads": args.threads, "sizes": QUICK if args.quick else FULL}
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    t0 = time.perf_counter()
+    res = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], env=env, capture_output=True,
+                         text=True)
+    if res.returncode:
+        why = " (killed: out of memory?)" if res.returncode == -9 else ""
+        raise SystemExit(f"configuration {name!r} failed, exit status {res.returncode}{why}:\n{res.stderr[-3000:]}")
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    out["whole"] = {"wall": time.perf_counter() - t0, **{k: out["process"][k] for k in ("user", "sys", "rss_gb")}}
+    return out
+
+
+def median(runs: List[Dict], phase: str, key: str) -> float:
+    vals = [r[phase][key] for r in runs if phase in r]
+    return statistics.median(vals) if vals else float("nan")
+
+
+def fmt(v: float, unit: str = "") -> str:
+    return "-" if v != v else f"{v:.1f}{unit}"
+
+
+def report(results: Dict[str, List[Dict]], args) -> None:
+    cols = PHASES + ["whole"]
+    print("| configuration | " + " | ".join(f"{c} (s)" for c in cols) + " | user / sys CPU s | peak RSS (GB) "
+          "| whole vs authors |")
+    print("| --- | " + " | ".join("---:" for _ in cols) + " | ---: | ---: | ---: |")
+    if not args.quick:
+        a = AUTHORS
+        print(f"| authors' code (issue 14) | - | {a['collab'][0]} / {a['collab'][1]} | {a['local'][0]} / {a['local'][1]} "
+              f"| - | {a['eval'][0]} / {a['eval'][1]} | {a['whole'][0]} / {a['whole'][1]} | - | {a['rss_gb'][0]} | 1.0x |")
+    for name, runs in results.items():
+        cells = " | ".join(fmt(median(runs, c, "wall")) for c in cols)
+        whole = median(runs, "whole", "wall")
+        ratio = "-" if args.quick else f"{min(AUTHORS['whole']) / whole:.2f}x faster"
+        print(f"| {name} | {cells} | {median(runs, 'whole', 'user'):.0f} / {median(runs, 'whole', 'sys'):.0f} "
+              f"| {median(runs, 'whole', 'rss_gb'):.2f} | {ratio} |")
+    print("\nPer phase, user / sys CPU seconds (median):\n")
+    print("| configuration | " + " | ".join(PHASES) + " |")
+    print("| --- | " + " | ".join("---:" for _ in PHASES) + " |")
+    for name, runs in results.items():
+        cells = " | ".join("-" if not any(p in r for r in runs) else
+                           f"{median(runs, p, 'user'):.1f} / {median(runs, p, 'sys'):.1f}" for p in PHASES)
+        print(f"| {name} | {cells} |")
+
+
+def main(argv: List[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter,
+                                epilog="\n\n".join(__doc__.split("\n\n")[1:]))
+    p.add_argument("--quick", action="store_true", help="an eighth of the data (< 2 min on 2 idle cores)")
+    p.add_argument("--configs", nargs="+", default=["defaults", "before"], choices=sorted(CONFIGS), metavar="NAME",
+                   help="configurations to compare (default: defaults before); see the list above")
+    p.add_argument("--repeats", type=int, default=1, help="runs per configuration, alternating (median reported)")
+    p.add_argument("--threads", type=int, default=2, help="torch threads (the authors' figures: 2 cores)")
+    p.add_argument("--json", type=Path, default=None, help="also write every run's figures to this JSON file")
+    p.add_argument("--worker", help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.worker:
+        print(json.dumps(worker(json.loads(args.worker))))
+        return
+    import torch
+
+    print(f"# FCCL+ on the authors' benchmark workload{' (quick: 1/8 of the data)' if args.quick else ''}\n")
+    print(f"command: `{' '.join(['python'] + sys.argv)}`\n")
+    print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+          f"{os.cpu_count()} cores, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+          f"{args.threads} threads, load {os.getloadavg()[0]:.1f} at start; median of {args.repeats} run(s) "
+          f"per configuration, alternating\n", flush=True)
+    results: Dict[str, List[Dict]] = {n: [] for n in args.configs}
+    for _ in range(args.repeats):
+        for name in args.configs:
+            results[name].append(run_one(name, args))
+            r = results[name][-1]
+            print(f"  {name}: " + ", ".join(f"{k} {r[k]['wall']:.1f}s ({r[k]['user']:.1f}u {r[k]['sys']:.1f}s)"
+                                            for k in PHASES + ["whole"] if k in r)
+                  + f", rss {r['whole']['rss_gb']:.2f} GB, load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+            if args.json:  # after every run, so an interrupted comparison keeps what it measured
+                tmp = args.json.with_suffix(args.json.suffix + ".tmp")
+                tmp.write_text(json.dumps(results, indent=1))
+                tmp.replace(args.json)
+    print(f"load {os.getloadavg()[0]:.1f} at the end\n")
+    report(results, args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""CPU levers: the allocator setting and the bf16 check behind ``engine.malloc_tuning`` / ``engine.bf16``.
+
+Measured with ``benchmarks/bench_vs_reference.py`` (numbers in the README's round-time
+budget):
+
+* ``tune_allocator``: glibc hands every block above its mmap threshold (at most 32 MB)
+  straight back to the kernel when it is freed, so each activation buffer of a CNN at
+  batch 128-2048 is a fresh mapping whose pages the kernel must fault in and zero on
+  every forward pass. Half of a CPU run's time went to that (system time as large as
+  user time). Raising the mmap and trim thresholds keeps freed buffers in the heap,
+  where the next step reuses them. Peak memory is unchanged (the same buffers are
+  alive at the peak); memory is returned to the system at exit.
+* ``bf16_supported``: bf16 autocast pays only with hardware bf16 (AVX-512 BF16 or
+  AMX); emulated, it is an order of magnitude slower, so the switch is refused there.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import logging
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_M_TRIM_THRESHOLD = -1  # glibc mallopt parameters (malloc.h)
+_M_MMAP_THRESHOLD = -3
+_KEEP = 1 << 30  # 1 GiB: larger than any activation buffer of the papers' models at these batches
+_tuned = False
+
+
+def tune_allocator() -> bool:
+    """Keep freed large blocks in the heap (glibc only; elsewhere a no-op). True if applied."""
+    global _tuned
+    if _tuned:
+        return True
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name)
+        mallopt = libc.mallopt
+    except (OSError, AttributeError, TypeError):  # not glibc (musl, macOS, Windows)
+        return False
+    _tuned = bool(mallopt(_M_MMAP_THRESHOLD, _KEEP)) and bool(mallopt(_M_TRIM_THRESHOLD, _KEEP))
+    return _tuned
+
+
+def bf16_supported(device: torch.device) -> bool:
+    """Whether bf16 autocast runs on hardware bf16 on ``device``."""
+    if device.type == "cuda":
+        return torch.cuda.is_bf16_supported()
+    if device.type != "cpu":
+        return False
+    try:
+        return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def check_bf16(enabled: bool, device: torch.device) -> None:
+    """Refuse ``engine.bf16: true`` where bf16 would be emulated (a silent 10x slow-down)."""
+    if enabled and not bf16_supported(device):
+        from ..errors import ConfigError
+
+        raise ConfigError(f"engine.bf16: true, but {device} has no hardware bf16 (CPU capability "
+                          f"{torch.backends.cpu.get_cpu_capability()}); set engine.bf16: false")
+
+
+def autocast(enabled: bool, device: torch.device):
+    """bf16 autocast on ``device`` when ``enabled``, else a no-op context."""
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, dtype=torch.bfloat16)

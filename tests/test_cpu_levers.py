@@ -1,0 +1,84 @@
+"""The speed and memory levers of issue 14 change no results (or only float rounding)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fedshift.data.loading import normalize
+from fedshift.engine import cpu
+from fedshift.engine.evaluation import EvalSuite, correct_topk, evaluate_domains, evaluate_suite
+from fedshift.errors import ConfigError
+from fedshift.methods import create_method
+from fedshift.methods.fccl import corr_due, sparse_rounds
+from fedshift.models import create_model
+
+from helpers import tiny_federation
+
+
+def test_sparse_rounds():
+    assert sparse_rounds(1) == {1}
+    assert sparse_rounds(3) == {1, 2, 3}
+    r40 = sparse_rounds(40)
+    assert len(r40) == 5 and {1, 40} <= r40 and all(1 <= r <= 40 for r in r40)
+    assert sorted(r40)[1] > 5  # spread out, not the first rounds
+    assert corr_due("sparse", 40, 40) and not corr_due("sparse", 2, 40)
+    assert corr_due(3, 3, 40) and corr_due(3, 40, 40) and not corr_due(3, 4, 40) and not corr_due(0, 40, 40)
+    with pytest.raises(Exception, match="corr_every"):
+        create_method("fccl_plus", {"corr_every": -1})
+
+
+def test_evaluation_matches_naive_loop():
+    """Reused input buffer, partial last batch, inference mode: same hits as a plain loop."""
+    torch.manual_seed(0)
+    model = create_model("lenet", num_classes=10, in_channels=1).train()
+    g = torch.Generator().manual_seed(1)
+    tests = {d: (torch.randint(0, 256, (n, 1, 28, 28), generator=g, dtype=torch.uint8),
+                 torch.randint(0, 10, (n,), generator=g)) for d, n in (("a", 7), ("b", 12))}
+    with torch.no_grad():
+        model.eval()
+        naive = {d: (model(normalize(x)).topk(5, 1).indices == y[:, None]) for d, (x, y) in tests.items()}
+        model.train()
+    want = {d: {1: h[:, 0].float().mean().item(), 5: h.any(1).float().mean().item()} for d, h in naive.items()}
+    def flat(acc):
+        return {(d, k): v for d, per in acc.items() for k, v in per.items()}
+
+    for batch in (3, 5, 1000):
+        assert flat(evaluate_domains(model, tests, (1, 5), batch)) == pytest.approx(flat(want))
+    assert model.training  # mode restored
+    suite = EvalSuite.of(tests)
+    assert suite.sizes == [7, 12] and flat(evaluate_suite(model, suite, (1, 5), 4)) == pytest.approx(flat(want))
+    hits = correct_topk(model, suite.images, suite.labels, (1,), 4, amp=cpu.autocast(False, torch.device("cpu")))
+    assert hits[1].shape == (19,)
+
+
+def test_allocator_and_bf16_switches(monkeypatch):
+    assert cpu.tune_allocator() in (True, False)
+    assert cpu.tune_allocator() == cpu.tune_allocator()  # idempotent
+    monkeypatch.setattr(cpu, "bf16_supported", lambda device: False)
+    with pytest.raises(ConfigError, match="engine.bf16"):
+        cpu.check_bf16(True, torch.device("cpu"))
+    cpu.check_bf16(False, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("target", ["all", "others_prev"])
+def test_one_graph_collaboration_equals_all_graphs(tiny_data, target):
+    """public_graphs: one gives the same updates as all graphs alive (BatchNorm + dropout models)."""
+    archs = ("efficientnet_b0_s1", "lenet", "mobilenet_v2")  # dropout + stochastic depth, no norm, BatchNorm
+    states = {}
+    for mode in ("all", "one"):
+        fed = tiny_federation(tiny_data, archs + ("lenet",), public_graphs=mode, public_batch=32,
+                              channels_last=False)
+        m = create_method("fccl_plus" if target == "all" else "fccl", {"target": target, "init": "scratch"})
+        m.setup(fed)
+        fed.data.public = fed.data.public[:64]  # two public batches
+        torch.manual_seed(5)
+        metrics = m.collaborate(fed, 1)
+        states[mode] = ([{k: v.clone() for k, v in c.model.state_dict().items()} for c in fed.clients], metrics,
+                        torch.rand(3))
+    (sa, ma, ra), (so, mo, ro) = states["all"], states["one"]
+    assert ma == pytest.approx(mo, rel=1e-5, abs=1e-6)
+    assert torch.equal(ra, ro)  # the random stream continues where it would have
+    for a, o in zip(sa, so):
+        for k in a:
+            assert torch.allclose(a[k].float(), o[k].float(), rtol=1e-4, atol=1e-6), k
