@@ -400,4 +400,7 @@ def evaluate_run(run_dir: Path, device: str = "cpu") -> Dict[str, float]:
     for m, name in zip(models, data.names):
         m.load_state_dict(saved[name]["state_dict"])
     fed = Federation(data, models, archs, eng, int(cfg["seed"]), dev)
-    return summarise(fed.evaluate())
+    rows = fed.evaluate()
+    summ = summarise(rows)
+    summ.update(h2l_metrics.extra_evaluation(fed, rows)[1])  # WDP/CDP/ACC, as every evaluation of the run
+    return summ
