@@ -95,6 +95,14 @@ def cmd_partition(args) -> None:
     build.partition(args.scenario, dirs, Path(args.out or f"build/partitions/{args.scenario}"), overrides)
 
 
+def apply_thread_allocation(cfg: dict, kind: str, threads) -> None:
+    """Torch threads follow the scheduler's allocation (``--threads``, the Snakemake rule's
+    ``{threads}`` = SLURM's --cpus-per-task) unless the config names a number itself."""
+    section = cfg.get("engine" if kind == "federate" else "pretrain")
+    if threads and section is not None and not section.get("threads"):
+        section["threads"] = int(threads)
+
+
 def _job(kind: str, args) -> None:
     import yaml
 
@@ -102,6 +110,7 @@ def _job(kind: str, args) -> None:
     from .tracking import git_commit, mlflow_run
 
     cfg = yaml.safe_load(Path(args.config).read_text())
+    apply_thread_allocation(cfg, kind, getattr(args, "threads", None))
     fn = runner.run_pretrain if kind == "pretrain" else runner.run_federate
     if args.no_tracking or os.environ.get("FEDSHIFT_TRACKING", "mlflow") == "none":
         fn(cfg, Path(args.out))
@@ -168,6 +177,8 @@ def main(argv: List[str] | None = None) -> int:
         p.add_argument("config")
         p.add_argument("out")
         p.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+        p.add_argument("--threads", type=int, default=None,
+                       help="torch threads when the config sets none (the rules pass their allocation)")
         p.set_defaults(fn=fn)
 
     p = sub.add_parser("collect", help="gather run folders into one tidy CSV")
