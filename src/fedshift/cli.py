@@ -107,8 +107,6 @@ def _job(kind: str, args) -> None:
     import yaml
 
     from .engine import runner
-    from .tracking import git_commit, mlflow_run
-
     cfg = yaml.safe_load(Path(args.config).read_text())
     apply_thread_allocation(cfg, kind, getattr(args, "threads", None))
     fn = runner.run_pretrain if kind == "pretrain" else runner.run_federate
@@ -117,10 +115,17 @@ def _job(kind: str, args) -> None:
         return
     from .config import flatten
 
-    tags = {"fedshift.kind": kind, "git.commit": git_commit(), **{f"wildcard.{k}": str(v) for k, v in cfg["wildcards"].items()}}
-    with mlflow_run(cfg["scenario"], cfg["run_name"], tags) as tracker:
+    import time
+
+    from .tracking import environment_params, job_run, log_job_summary
+
+    with job_run(cfg, kind) as tracker:
         tracker.log_params(flatten({k: v for k, v in cfg.items() if k not in ("paths",)}))
-        fn(cfg, Path(args.out), tracker)
+        tracker.log_params(environment_params())
+        t0 = time.time()
+        metrics = fn(cfg, Path(args.out), tracker)
+        last = (cfg.get("engine") or {}).get("rounds") or (cfg.get("pretrain") or {}).get("epochs")
+        log_job_summary(tracker, metrics or {}, cfg["scenario"], time.time() - t0, step=last)
 
 
 def cmd_pretrain(args) -> None:
