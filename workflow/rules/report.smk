@@ -1,13 +1,17 @@
 # Gather every run into one tidy table, then draw the paper-style tables and figures.
 # Paths: results/{collect,report} for the main grid, results/ablations/<name>/ for a
 # named grid (report.name), see common.smk.
+# `snakemake --report report.html` bundles the tables and figures with the captions of
+# workflow/report/ (one entry per file of the report folder, grouped by kind).
+
+report: "../report/workflow.rst"
 
 
 rule collect:
     input:
         FEDERATE_METRICS,
     output:
-        COLLECT_CSV,
+        report(COLLECT_CSV, caption="../report/runs.rst", category="Runs", labels={"table": "runs.csv"}),
     conda:
         "../../environment.yml"
     log:
@@ -23,7 +27,13 @@ rule report:
         runs=COLLECT_CSV,
         config=REPORT_CONFIG,
     output:
-        directory(REPORT_DIR),
+        report(
+            directory(REPORT_DIR),
+            patterns=["{kind,[a-z0-9]+(?:_[a-z0-9]+)*}__{group}.png", "{kind,[a-z0-9]+(?:_[a-z0-9]+)*}__{group}.csv"],
+            caption="../report/results.rst",
+            category="{kind}",
+            labels={"kind": "{kind}", "group": "{group}"},
+        ),
     conda:
         "../../environment.yml"
     log:
