@@ -108,6 +108,7 @@ def domain_heatmap(df: pd.DataFrame, path: Path, title: str, methods: Optional[L
     for ax, m in zip(axes.ravel(), order):
         mat = mats[m]
         im = ax.imshow(mat.values, cmap="viridis", vmin=0, vmax=100)
+        ax.grid(False)
         for i in range(mat.shape[0]):
             for j in range(mat.shape[1]):
                 v = mat.values[i, j]
@@ -145,6 +146,7 @@ def cross_correlation_figure(npz: Path, path: Path, title: str, rounds: Optional
         for i in range(k):
             ax = axes[i, c]
             im = ax.imshow(data[kind][ri, i], cmap="RdBu_r", vmin=-1, vmax=1)
+            ax.grid(False)
             ax.set_xticks([])
             ax.set_yticks([])
             if i == 0:
@@ -258,8 +260,9 @@ def pretrained_embedding(pretrain_root: Path, partition_dir: Path, scenario: str
     xs, ys, ds = [], [], []
     for c in data.clients:
         x, y = c.get("test")
-        xs.append(x[:per_domain])
-        ys.append(y[:per_domain].numpy())
+        pick = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))[:per_domain]  # splits are class-sorted
+        xs.append(x[pick])
+        ys.append(y[pick].numpy())
         ds += [c.domain] * len(ys[-1])
     images, labels, domains = torch.cat(xs), np.concatenate(ys), np.array(ds)
     models = {}
