@@ -199,7 +199,10 @@ class Cluster:
         # Jobs outlive slurmd: cancel this cluster's jobs first (SLURM_CONF: ours only).
         if self._pidfile("slurmctld").exists():
             _sh(["scancel", "--full", "--user", str(os.geteuid())], env=self.env, check=False)
-            _wait("job cleanup", lambda: not _sh(["squeue", "-h"], env=self.env, check=False).stdout.strip(), 30)
+            try:
+                _wait("job cleanup", lambda: not _sh(["squeue", "-h"], env=self.env, check=False).stdout.strip(), 60)
+            except RuntimeError:
+                pass  # stopping the daemons below ends what is left
         for name in ("slurmd", "slurmctld", "slurmdbd", "mariadbd", "munged"):
             pf = self._pidfile(name)
             try:
@@ -276,7 +279,7 @@ def _env(cluster) -> dict:
     return env
 
 
-def snakemake(project, cluster, *args, timeout=420, wait=True):
+def snakemake(project, cluster, *args, timeout=900, wait=True):
     # Always under a timeout: a status query that never answers would hang the workflow.
     cmd = ["timeout", "-s", "KILL", str(timeout), str(BIN / "snakemake"), "--profile", "workflow/profiles/slurm",
            "--slurm-init-seconds-before-status-checks", "5", "--latency-wait", "5", *args]
@@ -309,19 +312,21 @@ def run_and_cancel(project, cluster):
             _sh(["scancel", victim], env=cluster.env)
             break
         time.sleep(1)
-    out, _ = p.communicate(timeout=420)
+    out, _ = p.communicate(timeout=960)
     return p.returncode, out, victim
 
 
 @pytest.fixture(scope="module")
 def rerun(first_run, project, cluster):
+    if first_run[0] in (-9, 137):  # the first run hit its time limit: release its lock
+        snakemake(project, cluster, "--unlock")
     return snakemake(project, cluster)
 
 
 def test_cancelled_job_is_reported(first_run, cluster):
     rc, out, victim = first_run
     assert victim is not None, f"fedmd's SLURM job was never seen RUNNING:\n{out[-3000:]}"
-    assert rc != 0, out[-3000:]
+    assert rc not in (0, -9, 137), f"rc {rc}: " + out[-3000:]  # failed, not killed by the time limit
     assert "CANCELLED" in out, out[-3000:]
     assert "federate" in out and "fedmd" in out
     acct = cluster.sacct()
