@@ -202,7 +202,7 @@ def embed(features: np.ndarray, method: str = "tsne", seed: int = 0) -> np.ndarr
     from sklearn.manifold import TSNE
 
     perplexity = float(min(30, max(5, len(features) // 4)))
-    return TSNE(n_components=2, perplexity=perplexity, init="pca", random_state=seed).fit_transform(features)
+    return TSNE(n_components=2, perplexity=perplexity, init="pca", max_iter=500, random_state=seed).fit_transform(features)
 
 
 def feature_embedding(models: Dict[str, "object"], images, labels: np.ndarray, domains: np.ndarray, path: Path,
