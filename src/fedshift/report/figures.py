@@ -245,7 +245,7 @@ def feature_embedding(models: Dict[str, "object"], images, labels: np.ndarray, d
 
 
 def pretrained_embedding(pretrain_root: Path, partition_dir: Path, scenario: str, seed: int, path: Path,
-                         per_domain: int = 100, method: str = "tsne") -> bool:
+                         per_domain: int = 75, method: str = "tsne") -> bool:
     """t-SNE of the BASE (pretrain) models of ``scenario``/``seed`` on every domain's test
     images; False when the checkpoints or the partition are missing."""
     import torch
