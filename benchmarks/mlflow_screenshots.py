@@ -44,12 +44,13 @@ def chromium() -> str:
     raise SystemExit("mlflow_screenshots: error: no Chromium found: apt-get install chromium")
 
 
-def screenshot(browser: str, url: str, out: Path, size=(1600, 1000), wait_ms: int = 20000) -> None:
-    """Headless screenshot; virtual time lets the single-page app fetch and render first."""
+def screenshot(browser: str, url: str, out: Path, size=(1600, 1000), wait_ms: int = 60000) -> None:
+    """Headless screenshot after ``wait_ms`` of real time (the single-page app fetches and
+    renders first; `--virtual-time-budget` never ends on MLflow's polling UI). On a loaded
+    machine raise ``--wait``: a grey skeleton in the PNG means the UI had not rendered yet."""
     cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
-           f"--window-size={size[0]},{size[1]}", f"--virtual-time-budget={wait_ms}",
-           f"--screenshot={out}", url]
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+           f"--window-size={size[0]},{size[1]}", f"--timeout={wait_ms}", f"--screenshot={out}", url]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=wait_ms / 1000 + 300)
     if not out.exists():
         raise SystemExit(f"mlflow_screenshots: error: Chromium wrote no {out}: {res.stderr[-500:]}")
 
@@ -59,6 +60,7 @@ def main(argv=None) -> int:
     ap.add_argument("--root", type=Path, default=Path("."), help="folder holding mlflow.db and mlartifacts/")
     ap.add_argument("--experiment", default="rotmnist", help="MLflow experiment (= scenario)")
     ap.add_argument("--out", type=Path, default=Path("benchmarks/out/mlflow"))
+    ap.add_argument("--wait", type=float, default=60, help="seconds each page gets to render")
     args = ap.parse_args(argv)
     db = (args.root / "mlflow.db").resolve()
     if not db.exists():
@@ -102,7 +104,8 @@ def main(argv=None) -> int:
                            f"&experiments={urllib.parse.quote(json.dumps([eid]))}",
         }
         for name, url in views.items():
-            screenshot(browser, url, args.out / name, size=(1600, 1400 if name == "compare.png" else 1000))
+            screenshot(browser, url, args.out / name, size=(1600, 1400 if name == "compare.png" else 1000),
+                       wait_ms=int(args.wait * 1000))
             print(f"{args.out / name}: {url}")
         print(f"{len(runs)} federated runs in experiment {args.experiment!r}: "
               + ", ".join(sorted(r.info.run_name for r in runs)))
