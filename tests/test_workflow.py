@@ -114,11 +114,16 @@ def test_mlflow_holds_every_run_with_metrics_and_artifacts(ran):
     client = mlflow.MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     exp = client.get_experiment_by_name("rotmnist")
     runs = client.search_runs([exp.experiment_id], max_results=100)
-    names = sorted(r.info.run_name for r in runs)
-    assert len([n for n in names if n.startswith("federate/")]) == 4
-    assert len([n for n in names if n.startswith("pretrain/")]) == 4
-    fed = next(r for r in runs if r.info.run_name == "federate/rotmnist/photo_patches/fccl_plus/homo_lenet/seed0")
+    kinds = sorted(r.data.tags["fedshift.kind"] for r in runs)
+    assert kinds == ["federate"] * 4 + ["pretrain"] * 4
+    assert len({r.info.run_name for r in runs}) == 8  # short names, one per job
+    fed = next(r for r in runs if r.info.run_name == "fccl_plus homo_lenet rotmnist+photo_patches s0")
+    assert fed.data.tags["fedshift.run_key"] == "federate/rotmnist/photo_patches/fccl_plus/homo_lenet/seed0"
     assert fed.info.status == "FINISHED"
+    # the tables' number is a metric; device and phase times are recorded
+    assert 0 < fed.data.metrics["table/AVG_inter"] <= 100
+    assert fed.data.metrics["time/total_s"] >= fed.data.metrics["time/train_s"] > 0
+    assert fed.data.params["env.device"] == "cpu" and fed.data.params["engine.threads"] == "1"
     assert fed.data.params["method_params.omega"] == "3.0"
     assert fed.data.tags["wildcard.method"] == "fccl_plus" and fed.data.tags["git.commit"]
     assert any(k.startswith("data.partition/rotmnist") for k in fed.data.tags)

@@ -98,6 +98,14 @@ def cmd_partition(args) -> None:
     build.partition(args.scenario, dirs, Path(args.out or f"build/partitions/{args.scenario}"), overrides)
 
 
+def apply_thread_allocation(cfg: dict, kind: str, threads) -> None:
+    """Torch threads follow the scheduler's allocation (``--threads``, the Snakemake rule's
+    ``{threads}`` = SLURM's --cpus-per-task) unless the config names a number itself."""
+    section = cfg.get("engine" if kind == "federate" else "pretrain")
+    if threads and section is not None and not section.get("threads"):
+        section["threads"] = int(threads)
+
+
 def _job(kind: str, args) -> None:
     import signal
 
@@ -119,23 +127,30 @@ def _run_job(kind: str, args) -> None:
     import yaml
 
     from .engine import checkpoint, runner
-    from .tracking import git_commit, mlflow_run
-
     cfg = yaml.safe_load(Path(args.config).read_text())
+    apply_thread_allocation(cfg, kind, getattr(args, "threads", None))
     fn = runner.run_pretrain if kind == "pretrain" else runner.run_federate
     if args.no_tracking or os.environ.get("FEDSHIFT_TRACKING", "mlflow") == "none":
         fn(cfg, Path(args.out))
         return
     from .config import flatten
 
-    # A rerun of the same job (same config hash) continues the MLflow run its checkpoint area names.
+    import time
+
+    from .tracking import environment_params, job_run, log_job_summary
+
+    # A rerun of the same job (same config hash) continues the MLflow run its checkpoint area names;
+    # any other earlier run of the job is replaced (tracking.job_run).
     info = checkpoint.read_job_info(checkpoint.partial_dir(Path(args.out)))
     resume = info.get("mlflow_run_id") if info.get("config_hash") == checkpoint.config_hash(cfg) else None
-    tags = {"fedshift.kind": kind, "git.commit": git_commit(), **{f"wildcard.{k}": str(v) for k, v in cfg["wildcards"].items()}}
-    with mlflow_run(cfg["scenario"], cfg["run_name"], tags, resume_run_id=resume) as tracker:
+    with job_run(cfg, kind, resume_run_id=resume) as tracker:
         if not tracker.resumed:
             tracker.log_params(flatten({k: v for k, v in cfg.items() if k not in ("paths",)}))
-        fn(cfg, Path(args.out), tracker)
+            tracker.log_params(environment_params())
+        t0 = time.time()
+        metrics = fn(cfg, Path(args.out), tracker)
+        last = (cfg.get("engine") or {}).get("rounds") or (cfg.get("pretrain") or {}).get("epochs")
+        log_job_summary(tracker, metrics or {}, cfg["scenario"], time.time() - t0, step=last)
 
 
 def cmd_pretrain(args) -> None:
@@ -203,6 +218,8 @@ def main(argv: List[str] | None = None) -> int:
         p.add_argument("config")
         p.add_argument("out")
         p.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+        p.add_argument("--threads", type=int, default=None,
+                       help="torch threads when the config sets none (the rules pass their allocation)")
         p.set_defaults(fn=fn)
 
     p = sub.add_parser("collect", help="gather run folders into one tidy CSV")

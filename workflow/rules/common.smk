@@ -12,9 +12,12 @@ from fedshift.errors import ConfigError
 from fedshift.experiments import load_experiments, write_configs, write_if_changed, dump_config
 
 DATA_PARAMS = config.get("data_params", "params/data.yaml")
-validate({k: v for k, v in config.items() if k != "data_params"}, schema="../schemas/experiments.schema.yaml")
+# Execution keys set by a profile or --config, not part of the experiment grid.
+WORKFLOW_KEYS = ("data_params", "gpus_per_job", "threads_per_job")
+GRID = {k: v for k, v in config.items() if k not in WORKFLOW_KEYS}
+validate(GRID, schema="../schemas/experiments.schema.yaml")
 try:
-    PLAN = load_experiments({k: v for k, v in config.items() if k != "data_params"}, DATA_PARAMS)
+    PLAN = load_experiments(GRID, DATA_PARAMS)
 except ConfigError as exc:
     raise WorkflowError(f"fedshift: error: {exc}") from None
 
@@ -78,3 +81,91 @@ onstart:
         from fedshift.tracking import init_store
 
         init_store()
+
+
+# ---------------------------------------------------------------------------------------
+# Resources of the training rules (pretrain, federate): what SLURM is asked for.
+#
+# * threads: the config's engine.threads / pretrain.threads when set, else `threads_per_job`
+#   (workflow config, default 2). The rules pass {threads} to `fedshift --threads`, so
+#   torch's intra-op pool is exactly the allocation (SLURM --cpus-per-task).
+# * gpu: `gpus_per_job` (workflow config, default 0): THE one setting that requests a GPU
+#   per training job (`--gpus=1` through the SLURM plugin's `gpu` resource). Set it in
+#   the profile (`config: {gpus_per_job: 1}`) or on the command line
+#   (`--config gpus_per_job=1`). A run uses one device, so only 0 or 1 are valid.
+# * mem_mb: estimated from the job: measured peak RSS of the demo jobs on CPU (1 thread,
+#   rotmnist 28x28, MLflow off): pretrain 0.93 GB, federate (4 participants, demo_mixed)
+#   1.06 GB = ~900 MB of interpreter/torch + ~50 MB per participant at 28x28. The
+#   per-participant part scales with the image's pixels (224x224 images: 64x). Requested:
+#   1.5x the estimate, doubled on each retry (`retries` in the SLURM profile), so an
+#   out-of-memory kill resubmits with more.
+# * runtime (minutes): from rounds x epochs x participants at the demo's measured cost on
+#   one CPU thread (~4 s per participant-epoch at 28x28, scaled by pixels), at least 15,
+#   doubled on each retry. On a GPU the real time is far below: override with
+#   `--set-resources federate:runtime=60` when a cluster's queues favour short requests.
+# Override any of them without editing rules: `--set-resources federate:mem_mb=64000`.
+# ---------------------------------------------------------------------------------------
+import math
+
+GPUS_PER_JOB = int(config.get("gpus_per_job", 0))
+if GPUS_PER_JOB not in (0, 1):
+    raise WorkflowError(f"fedshift: error: gpus_per_job: {GPUS_PER_JOB} is not valid: a run uses one device, "
+                        "use 0 (CPU) or 1 (one GPU per job); pack several jobs per GPU as described in "
+                        "workflow/profiles/README.md")
+THREADS_PER_JOB = int(config.get("threads_per_job", 2))
+BASE_MB = 900  # interpreter + torch + data loading code, measured (see above)
+PARTICIPANT_MB = 50  # per participant at 28x28 (model, optimiser, data, activations), measured
+EPOCH_MINUTES = 4 / 60  # one participant-epoch at 28x28 on one CPU thread, measured on the demo
+
+
+def _pixel_scale(scenario):
+    from fedshift.data import SCENARIOS
+
+    c, h, w = SCENARIOS.get(scenario).image_shape
+    return max(1.0, c * h * w / (1 * 28 * 28) / 3)  # colour channels cost less than pixels
+
+
+def _round_up(mb, step=256):
+    return int(math.ceil(mb / step) * step)
+
+
+def federate_cfg(wc):
+    return PLAN.federate_config(federate_key(wc))
+
+
+def federate_threads(wc):
+    return int(federate_cfg(wc)["engine"].get("threads") or THREADS_PER_JOB)
+
+
+def federate_mem_mb(wc, attempt):
+    cfg = federate_cfg(wc)
+    est = BASE_MB + PARTICIPANT_MB * len(cfg["archs"]) * _pixel_scale(wc.scenario)
+    return _round_up(1.5 * est * 2 ** (attempt - 1))
+
+
+def federate_runtime(wc, attempt):
+    cfg = federate_cfg(wc)
+    e = cfg["engine"]
+    epochs = e["rounds"] * (e["local_epochs"] + e.get("public_epochs", 1))
+    est = epochs * len(cfg["archs"]) * EPOCH_MINUTES * _pixel_scale(wc.scenario) / federate_threads(wc) ** 0.5
+    return int(max(15, math.ceil(2 * est)) * 2 ** (attempt - 1))
+
+
+def pretrain_cfg(wc):
+    from fedshift.experiments import PretrainJob
+
+    return PLAN.pretrain[PretrainJob(wc.scenario, wc.participant, wc.arch, int(wc.seed))]
+
+
+def pretrain_threads(wc):
+    return int(pretrain_cfg(wc)["pretrain"].get("threads") or THREADS_PER_JOB)
+
+
+def pretrain_mem_mb(wc, attempt):
+    return _round_up(1.5 * (BASE_MB + PARTICIPANT_MB * _pixel_scale(wc.scenario)) * 2 ** (attempt - 1))
+
+
+def pretrain_runtime(wc, attempt):
+    p = pretrain_cfg(wc)["pretrain"]
+    est = p["epochs"] * EPOCH_MINUTES * _pixel_scale(wc.scenario) / pretrain_threads(wc) ** 0.5
+    return int(max(15, math.ceil(2 * est)) * 2 ** (attempt - 1))

@@ -1,6 +1,7 @@
 # One federated run per scenario x public set x method x structure x seed.
 # A job checkpoints itself into results/federate/.../seed<k>.partial/ (not a declared output,
 # so Snakemake's clean-up of a failed job leaves it): rerunning the job resumes there.
+# threads/mem_mb/runtime/gpu: see the resource notes at the end of common.smk.
 
 
 rule federate:
@@ -15,7 +16,10 @@ rule federate:
         "../../environment.yml"
     log:
         "logs/federate/{scenario}/{public}/{method}/{structure}/seed{seed}.log",
+    threads: federate_threads
     resources:
-        gpu=0,
+        mem_mb=federate_mem_mb,
+        runtime=federate_runtime,
+        gpu=GPUS_PER_JOB,
     shell:
-        "fedshift federate {input.config} $(dirname {output.metrics}) > {log} 2>&1"
+        "fedshift federate --threads {threads} {input.config} $(dirname {output.metrics}) > {log} 2>&1"

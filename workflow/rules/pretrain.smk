@@ -19,7 +19,10 @@ rule pretrain:
     # BASE checkpoints gate the methods that start from them: schedule them first so those
     # runs do not end up alone on the critical path.
     priority: 10
+    threads: pretrain_threads
     resources:
-        gpu=0,
+        mem_mb=pretrain_mem_mb,
+        runtime=pretrain_runtime,
+        gpu=GPUS_PER_JOB,
     shell:
-        "fedshift pretrain {input.config} $(dirname {output.model}) > {log} 2>&1"
+        "fedshift pretrain --threads {threads} {input.config} $(dirname {output.model}) > {log} 2>&1"

@@ -2,6 +2,10 @@
 # Paths: results/{collect,report} for the main grid, results/ablations/<name>/ for a
 # named grid (report.name), see common.smk. The report also compares with the published
 # tables the grid names (report.published) and evaluates the papers' claims, so both are inputs.
+# `snakemake --report report.html` bundles the tables and figures with the captions of
+# workflow/report/ (one entry per file of the report folder, grouped by kind).
+
+report: "../report/workflow.rst"
 
 PUBLISHED_CSVS = [
     f"params/papers/published/{e if isinstance(e, str) else e['name']}.csv"
@@ -16,7 +20,7 @@ rule collect:
         # The papers' SOLO/BASE row (base_pretrain) comes from the pretrain runs (50 epochs alone).
         pretrain=PRETRAIN_METRICS,
     output:
-        COLLECT_CSV,
+        report(COLLECT_CSV, caption="../report/runs.rst", category="Runs", labels={"table": "runs.csv"}),
     conda:
         "../../environment.yml"
     log:
@@ -35,7 +39,13 @@ rule report:
         published=PUBLISHED_CSVS,
         claims=CLAIMS,
     output:
-        directory(REPORT_DIR),
+        report(
+            directory(REPORT_DIR),
+            patterns=["{kind,[a-z0-9]+(?:_[a-z0-9]+)*}__{group}.png", "{kind,[a-z0-9]+(?:_[a-z0-9]+)*}__{group}.csv"],
+            caption="../report/results.rst",
+            category="{kind}",
+            labels={"kind": "{kind}", "group": "{group}"},
+        ),
     conda:
         "../../environment.yml"
     log:

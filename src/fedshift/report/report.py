@@ -161,6 +161,7 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
             sub = df[(df.scenario == scen) & (df.public == pub) & (df.structure == struct)]
             curves_figure(sub, tmp / f"curves__{slug}.png", f"{scen} / public {pub} / {struct}")
             md.append(f"![curves](curves__{slug}.png)\n")
+        named = {}  # (table name, scenario, public, structure) -> (table, std): ablation bar charts
         for spec in report_cfg.get("tables", []):
             h = head[head["method"].isin(spec["methods"])]
             for key in ("scenarios", "structures", "public"):
@@ -171,13 +172,15 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
                 continue
             for (scen, pub, struct), hh in h.groupby(["scenario", "public", "structure"]):
                 metric = _topk(scen)
-                both = []
+                both, stds = [], []
                 for kind in ("inter", "intra"):
                     t, sd = paper_table(hh, kind, metric, spec["methods"])
                     both.append(t.drop(columns="seeds") if kind == "inter" else t)
+                    stds.append(sd)
                     md.append(to_markdown(t, f"{spec.get('title', spec['name'])} ({kind}, {metric}): "
                                              f"{scen} / {pub} / {struct}", ci_table(sd, t["seeds"])))
                 pd.concat(both, axis=1).to_csv(tmp / f"{spec['name']}__{_slug(scen, pub, struct)}.csv")
+                named[(spec["name"], scen, pub, struct)] = (pd.concat(both, axis=1), pd.concat(stds, axis=1))
         from .paper_delta import delta_report  # published tables (report.published) and the papers' claims
 
         md += delta_report(full, report_cfg, tmp, last_k)
@@ -187,6 +190,9 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
         from .rounds import rounds_report
 
         md += rounds_report(full, tmp, report_cfg, last_k)
+        from .figures import report_figures  # per-participant, heatmaps, cross-correlation, ablations, t-SNE
+
+        md += report_figures(df, tmp, report_cfg, last_k, tables=named)
         (tmp / "report.md").write_text("\n".join(md))
         written = sorted(tmp.iterdir())
     final = [Path(out_dir) / p.name for p in written]

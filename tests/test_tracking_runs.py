@@ -1,0 +1,114 @@
+"""MLflow runs as a researcher browses them: short unique names, a tag per wildcard, a
+rerun replaces its run, the tables' headline number logged as a metric, device/timings."""
+
+from __future__ import annotations
+
+import itertools
+
+import pandas as pd
+import pytest
+
+
+def _cfg(method="fccl_plus", structure="demo_mixed", scenario="rotmnist", public="photo_patches", seed=0):
+    wc = {"scenario": scenario, "public": public, "method": method, "structure": structure, "seed": seed}
+    return {"kind": "federate", "run_name": f"federate/{scenario}/{public}/{method}/{structure}/seed{seed}",
+            "scenario": scenario, "public": public, "method": method, "base_method": method.split("_v")[0],
+            "structure": structure, "seed": seed, "wildcards": wc, "engine": {"rounds": 3}}
+
+
+@pytest.fixture()
+def store(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path / 'mlflow.db'}")
+    from fedshift.tracking import init_store
+
+    init_store(tmp_path)
+    import mlflow
+
+    return tmp_path, mlflow.MlflowClient(f"sqlite:///{tmp_path / 'mlflow.db'}")
+
+
+def test_display_names_are_short_and_unique_over_a_grid():
+    from fedshift.tracking import run_display_name
+
+    grid = itertools.product(["fedavg", "fccl", "fccl_plus"], ["homo_lenet", "demo_mixed"], ["rotmnist", "digits_offline"],
+                             ["photo_patches", "none"], [0, 1])
+    names = [run_display_name(_cfg(*g)) for g in grid]
+    assert len(set(names)) == len(names)
+    assert max(map(len, names)) <= 60
+    assert run_display_name(_cfg()) == "fccl_plus demo_mixed rotmnist+photo_patches s0"
+    assert run_display_name(_cfg(public="none", seed=2)) == "fccl_plus demo_mixed rotmnist s2"
+    pre = {"kind": "pretrain", "arch": "lenet", "participant": "m20", "scenario": "rotmnist", "seed": 1}
+    assert run_display_name(pre) == "pretrain lenet m20 rotmnist s1"
+
+
+def test_rerun_replaces_the_run_and_tags_every_wildcard(store):
+    from fedshift.tracking import job_run
+
+    root, client = store
+    cfg, other = _cfg(), _cfg(method="fedavg", structure="homo_lenet")
+    for c in (cfg, other, cfg):  # cfg twice: the second run replaces the first
+        with job_run(c, "federate", root=root) as t:
+            t.log_metrics({"avg/inter/top1": 0.5}, step=1)
+    exp = client.get_experiment_by_name("rotmnist")
+    live = client.search_runs([exp.experiment_id])
+    assert sorted(r.info.run_name for r in live) == ["fccl_plus demo_mixed rotmnist+photo_patches s0",
+                                                     "fedavg homo_lenet rotmnist+photo_patches s0"]
+    run = next(r for r in live if r.data.tags["method"] == "fccl_plus")
+    for k, v in cfg["wildcards"].items():
+        assert run.data.tags[k] == str(v) and run.data.tags[f"wildcard.{k}"] == str(v)
+    assert run.data.tags["fedshift.run_key"] == cfg["run_name"]
+    from mlflow.entities import ViewType
+
+    deleted = client.search_runs([exp.experiment_id], run_view_type=ViewType.DELETED_ONLY)
+    assert [r.info.run_id for r in deleted] == [run.data.tags["fedshift.replaces"]]
+
+
+def test_headline_metric_is_the_report_tables_number():
+    """The AVG column of the report's table (one seed) == the `table/AVG_*` metric."""
+    import numpy as np
+
+    from fedshift.engine.federation import summarise
+    from fedshift.engine.runner import headline
+    from fedshift.report.report import headline_frame, paper_table
+    from fedshift.tracking import headline_metrics
+
+    rng = np.random.default_rng(0)
+    parts, rows, history = ["m0", "m20", "m40"], [], []
+    for r in range(0, 6):
+        rr = []
+        for p in parts:
+            for d in parts:
+                t1 = float(rng.uniform(0, 0.9))
+                rr.append({"round": r, "participant": p, "arch": "lenet", "domain": d,
+                           "kind": "intra" if p == d else "inter", "top1": t1, "top5": min(1.0, t1 + 0.1)})
+        rows += rr
+        if r > 0:
+            history.append(summarise(rr))
+    metrics = {"headline": headline(history, 3)}
+    logged = headline_metrics(metrics, "rotmnist")
+    df = pd.DataFrame(rows).assign(scenario="rotmnist", public="photo_patches", structure="homo_lenet",
+                                   method="fedavg", seed=0)
+    head = headline_frame(df, 3)
+    inter, _ = paper_table(head, "inter", "top1")
+    intra, _ = paper_table(head, "intra", "top1")
+    assert logged["table/AVG_inter"] == pytest.approx(inter.loc["fedavg", "AVG→"], abs=0.006)
+    assert logged["table/AVG_intra"] == pytest.approx(intra.loc["fedavg", "AVG↩"], abs=0.006)
+    assert logged["headline/avg/inter/top1"] == pytest.approx(logged["table/AVG_inter"] / 100)
+
+
+def test_summary_logs_timings_device_and_environment(store):
+    from fedshift.tracking import environment_params, job_run, log_job_summary
+
+    root, client = store
+    with job_run(_cfg(), "federate", root=root) as t:
+        t.log_params(environment_params())
+        log_job_summary(t, {"headline": {"avg/inter/top1": 0.4, "avg/intra/top1": 0.6},
+                            "timings": {"train_s": 6.0, "eval_s": 1.0}, "device": "cpu"}, "rotmnist", 10.0, step=3)
+    run = client.search_runs([client.get_experiment_by_name("rotmnist").experiment_id])[0]
+    m, p = run.data.metrics, run.data.params
+    assert m["time/total_s"] == 10.0 and m["time/train_s"] == 6.0 and m["time/setup_s"] == pytest.approx(3.0)
+    assert m["table/AVG_inter"] == pytest.approx(40.0) and m["headline/avg/intra/top1"] == pytest.approx(0.6)
+    import torch
+
+    assert p["env.torch"] == torch.__version__ and p["env.device"] == "cpu" and run.data.tags["device"] == "cpu"
+    assert p["env.cuda_available"] == str(torch.cuda.is_available())
