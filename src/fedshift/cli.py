@@ -28,6 +28,8 @@ from typing import Callable, Dict, List
 
 from .errors import ConfigError
 
+log = logging.getLogger("fedshift")
+
 
 def _registries() -> Dict[str, Callable[[], List[str]]]:
     def datasets():
@@ -150,7 +152,10 @@ def _run_job(kind: str, args) -> None:
         t0 = time.time()
         metrics = fn(cfg, Path(args.out), tracker)
         last = (cfg.get("engine") or {}).get("rounds") or (cfg.get("pretrain") or {}).get("epochs")
-        log_job_summary(tracker, metrics or {}, cfg["scenario"], time.time() - t0, step=last)
+        try:  # tracking never costs a result: the run's files are already published
+            log_job_summary(tracker, metrics or {}, cfg["scenario"], time.time() - t0, step=last)
+        except Exception as exc:
+            log.warning("MLflow job summary not logged (%s: %s)", type(exc).__name__, exc)
 
 
 def cmd_pretrain(args) -> None:

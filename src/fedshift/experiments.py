@@ -133,9 +133,10 @@ class Plan:
     report: dict = field(default_factory=dict)
 
     def needed_pretrain(self) -> Dict[PretrainJob, dict]:
-        """The pretrain jobs the workflow runs: every participant x architecture of the grid, both as
-        the BASE checkpoints of methods that need them and as the report's ``base_pretrain`` row
-        (the collect rule takes them all as inputs)."""
+        """The pretrain jobs the workflow runs: every participant x architecture of the grid's
+        scenarios whose methods include ``base`` or start from / distil the BASE checkpoints, both
+        as those checkpoints and as the report's ``base_pretrain`` row (the collect rule takes them
+        all as inputs)."""
         return dict(self.pretrain)
 
     def federate_config(self, path: str) -> dict:
@@ -258,9 +259,13 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                     except ValueError as exc:
                         raise ConfigError(f"{what}.{exc}") from None
             pretrained = None
+            # Pretrain runs serve the BASE checkpoints of methods that start from or distil them,
+            # and the report's base_pretrain row beside the grid's `base` row: grids with neither
+            # (e.g. 100-client FedAvg/FedMMD) plan none.
+            wants_pretrain = base_method == "base" or cls.needs_base(mparams)
             for part, arch in zip(participants, archs):
                 pj = PretrainJob(s, part, arch, seed)
-                if pj not in plan.pretrain:
+                if wants_pretrain and pj not in plan.pretrain:
                     plan.pretrain[pj] = {
                         "kind": "pretrain", "run_name": f"pretrain/{pj.path}", "scenario": s, "participant": part,
                         "arch": arch, "seed": seed, "pretrain": to_dict(pre),

@@ -383,7 +383,9 @@ def timing_metrics(metrics: Mapping[str, Any], wall_s: float) -> Dict[str, float
     """Wall time per phase (seconds): total, training, evaluation, and the rest (setup:
     data loading, models, writing outputs)."""
     out = {"time/total_s": float(wall_s)}
-    phases = {k: float(v) for k, v in (metrics.get("timings") or {}).items()}
+    # Phase seconds only (``*_s``): timings also carry checkpoint bytes and the resumed rounds.
+    phases = {k: float(v) for k, v in (metrics.get("timings") or {}).items()
+              if k.endswith("_s") and isinstance(v, (int, float)) and not isinstance(v, bool)}
     for k, v in phases.items():
         out[f"time/{k}"] = v
     if phases:
