@@ -10,6 +10,7 @@ import yaml
 from fedshift.cli import main
 from fedshift.errors import ConfigError
 from fedshift.experiments import REPO_WORKFLOW_CONFIG, load_experiments, snakemake_config
+from fedshift.models.structures import STRUCTURES
 
 DATA = {"scenarios": {"rotmnist": {}}, "public": {"photo_patches": {}}, "datasets": ["mnist5k", "photo_patches"]}
 GRID = [{"scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": ["fedmd"], "structures": ["homo_lenet"]}]
@@ -90,8 +91,9 @@ def test_validate_merges_like_snakemake_configfile(tmp_path):
 
 
 def test_validate_counts_the_jobs_snakemake_runs(tmp_path, monkeypatch, capsys):
-    """Every participant x architecture is pretrained once (the report's base_pretrain row and the BASE
-    checkpoints share them), every grid cell is one federate job."""
+    """Every participant x architecture of a method that needs the BASE checkpoints (or of the `base`
+    row) is pretrained once (the report's base_pretrain row and the checkpoints share them); a block
+    without either (fedmd on homo_lenet) plans none; every grid cell is one federate job."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "d.yaml").write_text(yaml.safe_dump(DATA))
     grid = [{**GRID[0], "methods": ["fedmd", "fccl"], "structures": ["demo_mixed"]},
@@ -99,8 +101,10 @@ def test_validate_counts_the_jobs_snakemake_runs(tmp_path, monkeypatch, capsys):
     (tmp_path / "e.yaml").write_text(yaml.safe_dump({"grid": grid}))
     assert main(["validate", "--experiments", "e.yaml", "--data-params", "d.yaml"]) == 0
     plan = load_experiments({"grid": grid}, DATA)
-    pairs = {(p, a) for c in plan.federate.values() for p, a in zip(c["participants"], c["archs"])}
-    assert capsys.readouterr().out.strip() == f"ok: {len(pairs)} pretrain and 3 federate jobs"
+    pairs = {(p, a) for c in plan.federate.values() if c["paths"]["pretrained"]
+             for p, a in zip(c["participants"], c["archs"])}
+    assert len(pairs) == 4 and {a for _, a in pairs} == set(STRUCTURES.get("demo_mixed").assign(4))
+    assert capsys.readouterr().out.strip() == "ok: 4 pretrain and 3 federate jobs"
 
 
 def test_fntd_less_fccl_plus_variant_loads_base_checkpoints_as_theta_star():
