@@ -385,7 +385,7 @@ def _check(claim: dict, lookup, scenario: str) -> Optional[dict]:
     done, lines, held, separated = 0, [], True, True
     for a, b in claim["compare"]:
         va, vb = lookup(*_term(a), metric, part), lookup(*_term(b), metric, part)
-        if va is None or vb is None:
+        if va is None or vb is None or pd.isna(va[0]) or pd.isna(vb[0]):  # absent, or never reached (rounds_to)
             continue
         done += 1
         ok = va[0] < vb[0] if lower else va[0] > vb[0]
