@@ -116,29 +116,24 @@ class FedMatch(PublicOptimizerState, AveragingMethod):
         p = self.p
         clients = fed.clients
         self.helper_index = helpers = self.rank_helpers(fed)
-        totals = torch.zeros(len(clients), device=fed.device)
         confident = torch.zeros(len(clients), device=fed.device)  # share of public samples above the threshold
-        steps = 0
-        for raw in fed.public_batches(aug="none"):
+        batches = [0]
+
+        def batch_losses(raw):
+            batches[0] += 1
             xb = augment(raw, fed.cfg.public_aug, fed.aug_gen)
             xs = augment(raw, "strong", fed.aug_gen) if p.strong_view else xb
             zs = [c.model(xb) for c in clients]
             z_strong = [c.model(xs) for c in clients] if p.strong_view else zs
             with torch.no_grad():
-                confident += torch.stack([(F.softmax(z, dim=1).max(1).values >= p.confidence).float().mean()
-                                          for z in zs])
-            losses = [fedmatch_unlabeled_loss(zs[i], z_strong[i], [zs[h] for h in helpers[i]], p.confidence,
-                                              p.lambda_i, p.lambda_a) for i in range(len(clients))]
-            for i, (c, loss) in enumerate(zip(clients, losses)):
-                opt = self.public_optimizer(fed, c)
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
-                totals[i] += loss.detach()
-            steps += 1
-        means = (totals / max(steps, 1)).tolist()
-        shares = (confident / max(steps, 1)).tolist()
-        metrics = {f"{c.name}/train/colla_loss": v for c, v in zip(clients, means)}
+                confident.add_(torch.stack([(F.softmax(z, dim=1).max(1).values >= p.confidence).float().mean()
+                                            for z in zs]))
+            return [fedmatch_unlabeled_loss(zs[i], z_strong[i], [zs[h] for h in helpers[i]], p.confidence,
+                                            p.lambda_i, p.lambda_a) for i in range(len(clients))]
+
+        # The shared collaborative loop (non-finite checks included) on raw batches: both views augment here.
+        metrics = self.public_step(fed, batch_losses, "colla_loss", aug="none")
+        shares = (confident / max(batches[0], 1)).tolist()
         metrics.update({f"{c.name}/train/confident": v for c, v in zip(clients, shares)})
         return metrics
 

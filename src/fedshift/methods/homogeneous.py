@@ -125,19 +125,21 @@ class AveragingMethod(Method):
             g["lr"] = lr
         return opt
 
-    def public_step(self, fed, batch_losses: Callable[[Tensor], List[Tensor]], key: str) -> Dict[str, float]:
+    def public_step(self, fed, batch_losses: Callable[[Tensor], List[Tensor]], key: str,
+                    aug: Optional[str] = None) -> Dict[str, float]:
         """One collaborative pass over the public set.
 
         For every public batch ``xb``, ``batch_losses(xb)`` returns one loss per participant,
         all computed from outputs taken before any update (the authors' order: every
         participant's logits first, then the updates one after another); each participant
         then steps on its own loss. Returns the mean loss per participant as
-        ``<participant>/train/<key>`` (one host sync per round).
+        ``<participant>/train/<key>`` (one host sync per round). ``aug`` overrides
+        ``engine.public_aug`` (``"none"``: raw batches, for methods that augment themselves).
         """
         clients = fed.clients
         totals = torch.zeros(len(clients), device=fed.device)
         steps = 0
-        for xb in fed.public_batches():
+        for xb in fed.public_batches(aug=aug):
             for i, (c, loss) in enumerate(zip(clients, batch_losses(xb))):
                 if not fed.step_ok(loss, c.name, key):
                     continue
