@@ -273,8 +273,10 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
         metrics["headline"], metrics["selected_rounds"] = h2l_metrics.best_val_headline(history, eval_rounds)
     metrics.update(getattr(method, "run_summary", lambda fed: {})(fed))  # e.g. FedH2L's communication bytes
     states: Dict[int, Dict[str, torch.Tensor]] = {}  # a model shared by clients (server_model) is stored once
-    models_pt = {"participants": {c.name: {"arch": c.arch, "state_dict": states.setdefault(
-                     id(c.model), checkpoint.module_state(c.model))} for c in fed.clients},
+    for c in fed.clients:
+        if id(c.model) not in states:
+            states[id(c.model)] = checkpoint.module_state(c.model)
+    models_pt = {"participants": {c.name: {"arch": c.arch, "state_dict": states[id(c.model)]} for c in fed.clients},
                  "scenario": cfg["scenario"], "run": cfg["run_name"]}
     _write_outputs(out_dir, cfg, metrics, all_rows, tracker, extra=getattr(method, "artifacts", None),
                    models=models_pt)
