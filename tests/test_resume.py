@@ -26,7 +26,7 @@ ROUNDS = 6
 
 
 def _config(root, tmp_path, method="fcclp_resume", rounds=ROUNDS, **engine):
-    exp = {"engine": {"rounds": rounds, "local_epochs": 1, "local_batch": 32, "public_batch": 64, "device": "cpu",
+    exp = {"engine": {"rounds": rounds, "local_epochs": 1, "local_batch": 32, "public_batch": 64, "device": "cpu", "checkpoint_min_s": 0,
                       "threads": 1, "eval_batch": 512, **engine},
            "variants": {"fcclp_resume": {"method": "fccl_plus",
                                          "params": {"fresh_optimizer": False, "corr_samples": 16}}},
@@ -119,6 +119,27 @@ def test_changed_config_starts_afresh(tiny_data, tmp_path, monkeypatch):
     assert calls == [1, 2, 3]
 
 
+
+def test_checkpoint_min_s_throttles_checkpoints(tiny_data, tmp_path, monkeypatch):
+    """With engine.checkpoint_min_s longer than the job, no round writes a checkpoint (a FedH2L
+    round is one step: a checkpoint per round would double its time); with 0, every round does."""
+    from fedshift.methods.fccl_plus import FCCLPlus
+
+    real = FCCLPlus.run_round
+
+    def stop_in_round_3(self, fed, r):
+        if r == 3:
+            raise KeyboardInterrupt
+        return real(self, fed, r)
+
+    monkeypatch.setattr(FCCLPlus, "run_round", stop_in_round_3)
+    for min_s, expected in ((3600, 0), (0, 2)):
+        cfg = _config(tiny_data, tmp_path, rounds=4, checkpoint_min_s=min_s)
+        out = tmp_path / f"out{min_s}"
+        with pytest.raises(KeyboardInterrupt):
+            runner.run_federate(cfg, out)
+        assert _checkpoint_round(checkpoint.partial_dir(out)) == expected, min_s
+
 STATEFUL = [
     ("base", ("lenet", "simple_cnn"), {}),
     ("fedmd", ("lenet", "simple_cnn"), {"public_subset": 64}),
@@ -203,7 +224,7 @@ def test_sampled_server_model_run_resumes_bit_identically(tiny_data, tmp_path, m
     the resumed run's metrics (rounds_to/*, global/top1), rounds.csv and sampled.csv equal a straight run's."""
     from fedshift.methods.fedmmd import FedMMD
 
-    exp = {"engine": {"rounds": 4, "local_epochs": 1, "local_batch": 32, "device": "cpu", "threads": 1,
+    exp = {"engine": {"rounds": 4, "local_epochs": 1, "local_batch": 32, "device": "cpu", "checkpoint_min_s": 0, "threads": 1,
                       "eval_batch": 512, "clients_per_round": 2, "server_model": True, "participant_eval": False,
                       "global_eval_every": 1, "targets": [0.3, 0.99]},
            "grid": [{"scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": ["fedmmd"],

@@ -51,7 +51,7 @@ TINY_DATA = {
 # One thread per job: the 2-CPU test node runs two jobs side by side. fedmd's run is the
 # longest (it trains on the public set too): the one the test cancels.
 TINY_GRID = {
-    "engine": {"rounds": 3, "local_epochs": 1, "local_batch": 32, "public_batch": 128, "device": "cpu", "threads": 1},
+    "engine": {"rounds": 3, "local_epochs": 1, "local_batch": 32, "public_batch": 128, "device": "cpu", "checkpoint_min_s": 0, "threads": 1},
     "pretrain": {"epochs": 1, "batch": 32, "eval_every": 1, "device": "cpu", "threads": 1},
     "grid": [{"name": "tiny", "scenarios": ["rotmnist"], "public": ["photo_patches"],
               "methods": ["fedprox", "fedavg", "fedmd"], "structures": ["homo_lenet"], "seeds": [0]}],

@@ -27,7 +27,7 @@ DATA = {"scenarios": {"rotmnist": {}}, "public": {"photo_patches": {}}}
 
 
 def _config(build, tmp_path, method="fedmd", rounds=2, structure="demo_mixed", **engine):
-    exp = {"engine": {"rounds": rounds, "local_epochs": 1, "local_batch": 32, "public_batch": 64, "device": "cpu",
+    exp = {"engine": {"rounds": rounds, "local_epochs": 1, "local_batch": 32, "public_batch": 64, "device": "cpu", "checkpoint_min_s": 0,
                       "threads": 1, "eval_batch": 512, **engine},
            "methods": {"fedmd": {"public_subset": 64}},
            "grid": [{"scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": [method],

@@ -26,6 +26,7 @@ BAD = [
     ("zero threads", {"engine": {"threads": 0}}, "threads must be >= 1 (or null: torch's default), got 0"),
     ("negative threads", {"pretrain": {"threads": -2}}, "threads must be >= 1 (or null: torch's default), got -2"),
     ("negative checkpoint_every", {"engine": {"checkpoint_every": -1}}, "checkpoint_every must be >= 0"),
+    ("negative checkpoint_min_s", {"engine": {"checkpoint_min_s": -5}}, "checkpoint_min_s must be >= 0"),
     ("unknown on_nonfinite", {"engine": {"on_nonfinite": "ignore"}},
      "on_nonfinite: invalid value 'ignore'; valid: 'fail', 'skip_batch'"),
     ("unknown scenario override", {"scenario_overrides": {"rotmnst": {"engine": {"rounds": 3}}}},

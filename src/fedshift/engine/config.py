@@ -48,6 +48,9 @@ class EngineConfig:
     deterministic: bool = False  # torch.use_deterministic_algorithms (slower on GPU)
     threads: Optional[int] = None  # torch intra-op threads (None: torch's default)
     checkpoint_every: int = 1  # write a resumable checkpoint every k rounds (0: never); see engine/checkpoint.py
+    # ... and at most once per this many seconds of wall time (0: at every k-th round). A FedH2L round is
+    # one minibatch step (10,000 per run); a checkpoint each (~30 ms) would double the run's time.
+    checkpoint_min_s: float = 30.0
     # A non-finite loss or weight: "fail" stops the job naming method, participant, round and loss term;
     # "skip_batch" skips the optimiser step of a batch whose loss is not finite (counted in metrics.json).
     on_nonfinite: Literal["fail", "skip_batch"] = "fail"
@@ -88,6 +91,8 @@ class EngineConfig:
         check_common(self)
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}")
+        if self.checkpoint_min_s < 0:
+            raise ValueError(f"checkpoint_min_s must be >= 0 (0: no time limit), got {self.checkpoint_min_s}")
         if self.public_lr < 0:
             raise ValueError(f"public_lr must be >= 0, got {self.public_lr}")
         if self.clients_per_round < 0 or not 0.0 <= self.client_fraction <= 1.0:

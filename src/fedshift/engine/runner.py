@@ -232,6 +232,7 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
         if eng.participant_eval and eng.eval_round0:
             evaluate(0)
         all_rows.extend(global_eval(0, tracker))
+    last_checkpoint = time.time()  # engine.checkpoint_min_s counts from the start (or resume) of the job
     for r in range(start, eng.rounds + 1):
         fed.round = r
         t = time.time()
@@ -249,7 +250,8 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
         all_rows.extend(g_rows)
         if g_rows and not eng.participant_eval:
             prog(r, f"global top1 {g_rows[0]['top1']:.3f}")
-        if eng.checkpoint_every and r % eng.checkpoint_every == 0 and r < eng.rounds:
+        if (eng.checkpoint_every and r % eng.checkpoint_every == 0 and r < eng.rounds
+                and time.time() - last_checkpoint >= eng.checkpoint_min_s):
             t = time.time()
             size = checkpoint.save(partial, {
                 "config_hash": cfg_hash, "round": r, "run_id": getattr(tracker, "run_id", None),
@@ -259,6 +261,7 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
                 "resumed": resumed})
             timings["checkpoint_s"] += time.time() - t
             timings["checkpoint_bytes"] = size
+            last_checkpoint = time.time()
     timings["eval_s"] += global_eval.seconds
     metrics = {
         "run": cfg["run_name"],
