@@ -86,6 +86,9 @@ class Federation:
         self.seed = seed
         seeds = derive_seeds(seed, len(models) + 2)
         fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+        for m in models:
+            if isinstance(m, FedModel):
+                m.recompute = cfg.recompute  # engine.recompute (activation checkpointing)
         self.clients = [
             Client(i, cd.name, cd.domain, arch, m.to(device, memory_format=fmt), cd,
                    torch.Generator().manual_seed(s))

@@ -313,7 +313,8 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     model = build_models([cfg["arch"]] * (idx + 1), data.num_classes, data.image_shape[0], pc.norm, seed)[idx]
     eng = EngineConfig(rounds=pc.epochs, local_epochs=1, local_batch=pc.batch, optimizer=pc.optimizer, lr=pc.lr,
                        weight_decay=pc.weight_decay, momentum=pc.momentum, norm=pc.norm, eval_batch=pc.eval_batch,
-                       device=pc.device, last_k=1, bf16=pc.bf16, channels_last=pc.channels_last)
+                       device=pc.device, last_k=1, bf16=pc.bf16, channels_last=pc.channels_last,
+                       recompute=pc.recompute)
     own = replace(data, clients=[data.clients[idx]])
     fed = Federation(own, [model], [cfg["arch"]], eng, seed, device)
     fed.method_name = "pretrain"

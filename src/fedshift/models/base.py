@@ -14,6 +14,7 @@ model exposes:
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from typing import Callable, Tuple
 
 import torch
@@ -49,6 +50,24 @@ def fit_map(fmap: torch.Tensor, size: int) -> torch.Tensor:
     return nn.functional.adaptive_avg_pool2d(fmap, size)
 
 
+class _KeepBuffers:
+    """Context of a block's recomputation: its buffers (BatchNorm running mean / variance / batch
+    count) are put back on exit, so they are updated once per step, as without recomputation."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+
+    def __enter__(self):
+        self.saved = [(b, b.clone()) for b in self.module.buffers()]
+
+    def __exit__(self, *exc):
+        with torch.no_grad():
+            for b, v in self.saved:
+                b.copy_(v)
+        self.saved = []
+        return False
+
+
 class FedModel(nn.Module):
     """Base class: subclasses define ``feature_map`` (or override ``features``) and ``head``."""
 
@@ -58,8 +77,30 @@ class FedModel(nn.Module):
     # Input sizes (square, pixels) the architecture is defined for and tested at.
     input_sizes: Tuple[int, ...] = (32,)
 
+    # engine.recompute: while training with autograd, keep only each block's input and recompute
+    # its activations in the backward pass (activation checkpointing; see run_blocks).
+    recompute: bool = False
+
     def feature_map(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
+
+    def run_blocks(self, seq: nn.Sequential, x: torch.Tensor) -> torch.Tensor:
+        """``seq(x)``; with ``recompute`` on (and autograd recording, in training mode) every composite
+        child of ``seq`` (a residual / inverted-residual / MBConv block) runs under non-reentrant
+        activation checkpointing: its inner activations are freed after the forward and recomputed
+        in the backward. Same outputs and gradients (the recomputation replays the RNG state and
+        leaves the BatchNorm running statistics as one forward left them); one more forward of
+        each block per backward, for a fraction of the activation memory."""
+        if not (self.recompute and self.training and torch.is_grad_enabled()):
+            return seq(x)
+        from torch.utils.checkpoint import checkpoint
+
+        for m in seq:
+            if next(m.children(), None) is None:  # a single layer (stem conv, norm, activation)
+                x = m(x)
+            else:
+                x = checkpoint(m, x, use_reentrant=False, context_fn=lambda m=m: (nullcontext(), _KeepBuffers(m)))
+        return x
 
     def pool(self, fmap: torch.Tensor) -> torch.Tensor:
         """Feature map -> (B, d). Default: global average pooling."""

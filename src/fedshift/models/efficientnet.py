@@ -129,7 +129,7 @@ class EfficientNetB0(FedModel):
         self.head = nn.Sequential(nn.Dropout(dropout), nn.Linear(cin, num_classes))
 
     def feature_map(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(x)
+        return self.run_blocks(self.body, x)
 
 
 @MODELS.register("efficientnet_b0")

@@ -75,4 +75,4 @@ class GoogLeNet(FedModel):
         self.head = nn.Linear(1024, num_classes)
 
     def feature_map(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(x)
+        return self.run_blocks(self.body, x)

@@ -82,4 +82,4 @@ class MobileNetV2(FedModel):
         self.head = nn.Linear(1280, num_classes)
 
     def feature_map(self, x: torch.Tensor) -> torch.Tensor:
-        return self.body(x)
+        return self.run_blocks(self.body, x)

@@ -110,7 +110,7 @@ class ResNet(FedModel):
         self.head = nn.Linear(cin, num_classes)
 
     def feature_map(self, x: torch.Tensor) -> torch.Tensor:
-        return self.layers(self.stem(x))
+        return self.run_blocks(self.layers, self.stem(x))
 
 
 @MODELS.register("resnet10")
