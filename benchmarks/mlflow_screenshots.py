@@ -9,11 +9,18 @@ Starts ``mlflow server`` on a free 127.0.0.1 port over ``<root>/mlflow.db`` (art
 standard library only) and saves a PNG of each of three views:
 
 * ``runs.png``: the experiment's runs table restricted to its federated runs (run names
-  ``<method> <structure> <scenario>+<public> s<seed>``), with the ``--metric`` column;
-* ``charts.png``: the chart view of the same runs, charts filtered to ``--metric`` (one bar
-  per run, i.e. per method and structure);
-* ``compare.png``: MLflow's compare-runs page over those runs (run names, params and
-  metrics side by side, with a parallel-coordinates plot).
+  ``<method> <structure> <scenario>+<public> s<seed>``, sorted by name), with columns
+  ``--metric``, ``table/AVG_intra``, ``time/total_s`` and params ``method``, ``structure``;
+* ``charts.png``: the chart view of the same runs: the full run names with their colours
+  left, then a first section with a bar chart of ``--metric`` (one bar per run, i.e. per
+  method and structure), ``avg/inter/top1`` per round and a bar chart of ``time/total_s``;
+* ``compare.png``: MLflow's compare-runs page over those runs (parallel-coordinates plot
+  of the params MLflow picks, then run names, times and durations side by side).
+
+The table columns and the chart section are the experiment page's view state, which MLflow
+3 keeps in the browser's localStorage: the script writes it (into the throw-away browser
+profile) before the app loads; the app's left navigation is folded and the run list dragged
+wider with real mouse events.
 
 A single-page app shows a loading placeholder first, so each view is captured only once
 the page has really rendered: the script polls ``document.body.innerText`` (through
