@@ -363,6 +363,19 @@ def test_rcfl_distils_toward_aggregated_scores_from_round_two(make_fed):
     assert m0.collaborate(fed, 2) == {} and not _differs(before, _weights(fed))
 
 
+
+def test_rcfl_distillation_stops_on_a_non_finite_target(make_fed):
+    """RCFL's distillation goes through the shared digest loop: a NaN score fails the job naming the
+    method, participant, round and term (engine.on_nonfinite: fail), instead of training on it."""
+    from fedshift.errors import NonFiniteError
+
+    torch.manual_seed(0)
+    fed, m = _run(make_fed, "rcfl", {"public_subset": 128})
+    m.scores[0] = float("nan")
+    fed.round = 2
+    with pytest.raises(NonFiniteError, match=r"participant m0, round 2, term distill_loss"):
+        m.collaborate(fed, 2)
+
 # ------------------------------------------------------------------ grids
 
 @pytest.mark.parametrize("grid, data, federate", [

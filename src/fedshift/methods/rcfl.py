@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from ..data.loading import normalize
 from ..losses import classwise_aggregate, soft_target_loss
 from .base import METHODS, Method
+from .fedmd import digest
 
 
 @dataclass(frozen=True)
@@ -74,26 +75,10 @@ class RCFL(Method):
         pub = fed.data.public
         x_all = pub[self.index.to(pub.device)]
         target = self.scores.to(fed.device)
-        batch = fed.cfg.public_batch
-        metrics = {}
-        for c in fed.clients:
-            opt = fed.make_optimizer(c.model, "public")
-            c.model.train()
-            total, steps = torch.zeros((), device=fed.device), 0
-            for _ in range(self.p.distill_epochs):
-                order = torch.randperm(len(x_all), generator=c.generator).to(pub.device)
-                for s in range(0, len(x_all), batch):
-                    sel = order[s:s + batch]
-                    if len(sel) < 2:  # BatchNorm cannot train on one sample
-                        continue
-                    loss = soft_target_loss(c.model(normalize(x_all[sel])), target[sel.to(target.device)], self.p.tau)
-                    opt.zero_grad(set_to_none=True)
-                    loss.backward()
-                    opt.step()
-                    total += loss.detach()
-                    steps += 1
-            metrics[f"{c.name}/train/distill_loss"] = float(total / max(steps, 1))
-        return metrics
+        tau = self.p.tau
+        return {f"{c.name}/train/distill_loss": digest(fed, c, x_all, target, lambda z, t: soft_target_loss(z, t, tau),
+                                                       self.p.distill_epochs, "distill_loss")
+                for c in fed.clients}
 
     @torch.no_grad()
     def after_round(self, fed, r: int) -> None:
