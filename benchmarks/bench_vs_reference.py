@@ -37,6 +37,8 @@ Configurations (``--configs``; each is ``defaults`` with one lever changed, exce
     recompute     engine.recompute: true (activation checkpointing of the CNN blocks while training:
                   MobileNetV2 at batch 256 5.2 -> 3.6 GB, one more forward per block)
     cl_recompute  channels_last and recompute; cl_bf16_recompute adds bf16 evaluation
+    recompute_no_malloc, cl_recompute_no_malloc   the same with engine.malloc_tuning: false
+    cl_recompute_trim   channels_last, recompute and engine.malloc_trim (free heap pages returned at phase boundaries)
     graphs_all    engine.public_graphs: all (every participant's autograd graph alive in the
                   collaborative step: K-1 fewer forward passes, K times the activation memory)
 
@@ -84,6 +86,9 @@ CONFIGS: Dict[str, Dict] = {
     "graphs_all": {"engine": {"public_graphs": "all"}},
     "recompute": {"engine": {"recompute": True}},
     "cl_recompute": {"engine": {"channels_last": True, "recompute": True}},
+    "recompute_no_malloc": {"engine": {"recompute": True, "malloc_tuning": False}},
+    "cl_recompute_no_malloc": {"engine": {"channels_last": True, "recompute": True, "malloc_tuning": False}},
+    "cl_recompute_trim": {"engine": {"channels_last": True, "recompute": True, "malloc_trim": True}},
     "cl_bf16_recompute": {"engine": {"channels_last": True, "bf16": True, "recompute": True}},
 }
 PHASES = ["eval0", "collab", "local", "corr", "eval"]
@@ -126,6 +131,9 @@ def worker(spec: Dict) -> Dict:
            "device": "cpu", "threads": spec["threads"], "eval_round0": False, **cfg["engine"]}
     ecfg = resolve(EngineConfig, eng, "engine")
     device = _setup_torch(ecfg.device, ecfg.threads, malloc_tuning=ecfg.malloc_tuning)
+    from fedshift.engine.cpu import set_trim
+
+    set_trim(ecfg.malloc_trim)
     data = synthetic(spec["sizes"])
     archs = [cfg["efficientnet"] if a == "efficientnet_b0" else a for a in get_structure("fcclplus_digits").assign(4)]
     models = build_models(archs, 10, 3, ecfg.norm, 0)

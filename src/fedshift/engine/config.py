@@ -38,6 +38,7 @@ class EngineConfig:
     eval_batch: int = 256  # inference batch (evaluation, figure data): fastest on CPU (benchmarks/bench_vs_reference.py)
     bf16: bool = False  # bf16 autocast in evaluation; needs hardware bf16 (AVX-512 BF16, AMX or CUDA), refused otherwise
     malloc_tuning: bool = True  # glibc: reuse freed activation buffers instead of faulting in fresh pages (engine/cpu.py)
+    malloc_trim: bool = False  # glibc malloc_trim(0) at phase boundaries (engine/cpu.py release_memory): lower peak RSS, some page faults
     recompute: bool = False  # activation checkpointing of the CNN blocks while training (FedModel.run_blocks): less memory, one more forward per block
     public_graphs: Literal["all", "one"] = "one"  # FCCL/FCCL+ collaborative step: every participant's autograd graph alive at once, or one (less memory, K-1 more forwards)
     last_k: int = 3  # headline = mean of the last 3 evaluated rounds (FCCL+ tables)

@@ -46,6 +46,30 @@ def tune_allocator() -> bool:
     return _tuned
 
 
+_trim_enabled = False
+
+
+def set_trim(enabled: bool) -> None:
+    """``engine.malloc_trim``: let :func:`release_memory` hand the heap's free pages back."""
+    global _trim_enabled
+    _trim_enabled = bool(enabled)
+
+
+def release_memory() -> bool:
+    """At a phase boundary (one participant's local training, a collaborative pass, one model's
+    evaluation): glibc ``malloc_trim(0)`` returns the free pages the tuned allocator keeps, so
+    the buffers of one model's phase are not resident beside the next one's. No-op unless
+    ``engine.malloc_trim`` is on and glibc is the allocator. True if it ran."""
+    if not _trim_enabled:
+        return False
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c"))
+        libc.malloc_trim(0)
+    except (OSError, AttributeError, TypeError):
+        return False
+    return True
+
+
 def bf16_supported(device: torch.device) -> bool:
     """Whether bf16 autocast runs on hardware bf16 on ``device``."""
     if device.type == "cuda":

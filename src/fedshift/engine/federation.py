@@ -22,7 +22,7 @@ from ..data.loading import ClientData, FederatedData, normalize
 from ..errors import NonFiniteError
 from ..models import FedModel
 from .config import EngineConfig
-from .cpu import autocast
+from .cpu import autocast, release_memory
 from .evaluation import EvalSuite, evaluate_suite, intra_inter
 from .levers import EngineLevers, drive, slot_device
 
@@ -229,6 +229,7 @@ class Federation:
                 total += loss.detach()
                 steps += 1
                 yield
+        release_memory()  # engine.malloc_trim
         return total / max(steps, 1)
 
     def train_participants(self, clients: Optional[List[Client]] = None, loss_fn: Optional[LossFn] = None,
@@ -263,6 +264,7 @@ class Federation:
         ks = (1, 5)
         for c in self.clients:
             per_dom = evaluate_suite(c.model, suite, ks, self.cfg.eval_batch, self.amp())
+            release_memory()
             for dom, acc in per_dom.items():
                 rows.append({"participant": c.name, "arch": c.arch, "domain": dom,
                              "kind": "intra" if dom == c.domain else "inter",

@@ -35,7 +35,7 @@ from ..errors import ConfigError
 from ..models import create_model
 from . import checkpoint, h2l_metrics
 from .config import EngineConfig, PretrainConfig, check_cuda
-from .cpu import check_bf16, tune_allocator
+from .cpu import check_bf16, set_trim, tune_allocator
 from .federation import Federation, derive_seeds, resolve_device, summarise
 from .sampling import GlobalEvaluator, check_engine
 
@@ -165,6 +165,7 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     check_writable(out_dir)
     eng = EngineConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg["engine"].items()})
     device = _setup_torch(eng.device, eng.threads, eng.deterministic, eng.malloc_tuning)
+    set_trim(eng.malloc_trim)
     check_bf16(eng.bf16, device)
     seed = int(cfg["seed"])
     torch.manual_seed(seed)

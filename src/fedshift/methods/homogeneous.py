@@ -34,6 +34,7 @@ from typing import Any, Callable, ClassVar, Dict, List, Mapping, Optional
 import torch
 from torch import Tensor
 
+from ..engine.cpu import release_memory
 from ..errors import ConfigError
 from .base import Method
 from .fedavg import average_models
@@ -149,6 +150,7 @@ class AveragingMethod(Method):
                 opt.step()
                 totals[i] += loss.detach()
             steps += 1
+        release_memory()  # engine.malloc_trim
         means = (totals / max(steps, 1)).tolist()
         for c, v in zip(clients, means):
             fed.check_total(v, c.name, key)
@@ -212,6 +214,7 @@ class AveragingMethod(Method):
                 step(i, detached[:i] + [forward(c, xb)] + detached[i + 1:])
             set_rng_state(after)
             steps += 1
+        release_memory()  # engine.malloc_trim
         means = (totals / max(steps, 1)).tolist()
         return {f"{c.name}/train/{key}": v for c, v in zip(clients, means)}
 
