@@ -137,6 +137,15 @@ class Federation:
         self.skipped_batches += 1
         return False
 
+    def optimizer_step(self, opt, loss: torch.Tensor, participant: str, term: str) -> bool:
+        """One optimiser step on ``loss`` unless :meth:`step_ok` skips it; True if it stepped."""
+        if not self.step_ok(loss, participant, term):
+            return False
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        return True
+
     def check_total(self, value: float, participant: str, term: str) -> None:
         if not np.isfinite(value) and self.cfg.on_nonfinite == "fail":
             raise self.nonfinite(participant, term)
@@ -221,11 +230,8 @@ class Federation:
             for x, y in self.private_batches(client, split=split):
                 with self.levers.local_step(model, client.arch, x, full):
                     loss = loss_fn(client, x, y, steps) if loss_fn else F.cross_entropy(model(x), y)
-                if not self.step_ok(loss, client.name, "local_loss"):
+                if not self.optimizer_step(opt, loss, client.name, "local_loss"):
                     continue
-                opt.zero_grad(set_to_none=True)
-                loss.backward()
-                opt.step()
                 total += loss.detach()
                 steps += 1
                 yield

@@ -84,11 +84,8 @@ def digest(fed, c, x_all: torch.Tensor, targets: torch.Tensor, loss_fn, epochs: 
             if len(sel) < 2:  # BatchNorm cannot train on one sample
                 continue
             loss = loss_fn(c.model(normalize(x_all[sel])), targets[sel.to(targets.device)])
-            if not fed.step_ok(loss, c.name, key):
+            if not fed.optimizer_step(opt, loss, c.name, key):
                 continue
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
             total += loss.detach()
             steps += 1
     mean = float(total / max(steps, 1))
