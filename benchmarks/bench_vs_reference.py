@@ -121,6 +121,7 @@ def worker(spec: Dict) -> Dict:
 
     from fedshift.config import resolve
     from fedshift.engine.config import EngineConfig
+    from fedshift.engine.cpu import set_trim
     from fedshift.engine.federation import Federation
     from fedshift.engine.runner import _setup_torch, build_models
     from fedshift.methods import create_method
@@ -131,8 +132,6 @@ def worker(spec: Dict) -> Dict:
            "device": "cpu", "threads": spec["threads"], "eval_round0": False, **cfg["engine"]}
     ecfg = resolve(EngineConfig, eng, "engine")
     device = _setup_torch(ecfg.device, ecfg.threads, malloc_tuning=ecfg.malloc_tuning)
-    from fedshift.engine.cpu import set_trim
-
     set_trim(ecfg.malloc_trim)
     data = synthetic(spec["sizes"])
     archs = [cfg["efficientnet"] if a == "efficientnet_b0" else a for a in get_structure("fcclplus_digits").assign(4)]

@@ -47,6 +47,7 @@ def tune_allocator() -> bool:
 
 
 _trim_enabled = False
+_malloc_trim = None  # glibc's malloc_trim, False where there is none
 
 
 def set_trim(enabled: bool) -> None:
@@ -60,13 +61,17 @@ def release_memory() -> bool:
     evaluation): glibc ``malloc_trim(0)`` returns the free pages the tuned allocator keeps, so
     the buffers of one model's phase are not resident beside the next one's. No-op unless
     ``engine.malloc_trim`` is on and glibc is the allocator. True if it ran."""
+    global _malloc_trim
     if not _trim_enabled:
         return False
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c"))
-        libc.malloc_trim(0)
-    except (OSError, AttributeError, TypeError):
+    if _malloc_trim is None:  # looked up once: find_library runs ldconfig
+        try:
+            _malloc_trim = ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
+        except (OSError, AttributeError, TypeError):
+            _malloc_trim = False
+    if not _malloc_trim:
         return False
+    _malloc_trim(0)
     return True
 
 
