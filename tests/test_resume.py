@@ -51,6 +51,21 @@ def _checkpoint_round(partial):
         return 0
 
 
+def _stop_in_round(monkeypatch, cls, stop_at=3):
+    """Make ``cls.run_round`` raise KeyboardInterrupt in round ``stop_at`` (an interruption inside a
+    round); returns the list of rounds entered and the original run_round."""
+    calls, real = [], cls.run_round
+
+    def run_round(self, fed, r):
+        calls.append(r)
+        if r == stop_at:
+            raise KeyboardInterrupt
+        return real(self, fed, r)
+
+    monkeypatch.setattr(cls, "run_round", run_round)
+    return calls, real
+
+
 def test_sigkill_at_random_round_then_rerun_is_bit_identical(tiny_data, tmp_path):
     cfg = _config(tiny_data, tmp_path)
     cfg_path = tmp_path / "config.yaml"
@@ -95,16 +110,7 @@ def test_changed_config_starts_afresh(tiny_data, tmp_path, monkeypatch):
     partial = checkpoint.partial_dir(out)
     from fedshift.methods.fccl_plus import FCCLPlus
 
-    calls = []
-    real = FCCLPlus.run_round
-
-    def stop_in_round_3(self, fed, r):
-        calls.append(r)
-        if r == 3:
-            raise KeyboardInterrupt
-        return real(self, fed, r)
-
-    monkeypatch.setattr(FCCLPlus, "run_round", stop_in_round_3)
+    calls, _ = _stop_in_round(monkeypatch, FCCLPlus)
     with pytest.raises(KeyboardInterrupt):
         runner.run_federate(cfg, out)
     assert _checkpoint_round(partial) == 2
@@ -119,20 +125,12 @@ def test_changed_config_starts_afresh(tiny_data, tmp_path, monkeypatch):
     assert calls == [1, 2, 3]
 
 
-
 def test_checkpoint_min_s_throttles_checkpoints(tiny_data, tmp_path, monkeypatch):
     """With engine.checkpoint_min_s longer than the job, no round writes a checkpoint (a FedH2L
     round is one step: a checkpoint per round would double its time); with 0, every round does."""
     from fedshift.methods.fccl_plus import FCCLPlus
 
-    real = FCCLPlus.run_round
-
-    def stop_in_round_3(self, fed, r):
-        if r == 3:
-            raise KeyboardInterrupt
-        return real(self, fed, r)
-
-    monkeypatch.setattr(FCCLPlus, "run_round", stop_in_round_3)
+    _stop_in_round(monkeypatch, FCCLPlus)
     for min_s, expected in ((3600, 0), (0, 2)):
         cfg = _config(tiny_data, tmp_path, rounds=4, checkpoint_min_s=min_s)
         out = tmp_path / f"out{min_s}"
@@ -233,14 +231,7 @@ def test_sampled_server_model_run_resumes_bit_identically(tiny_data, tmp_path, m
     ref, out = tmp_path / "ref", tmp_path / "out"
     runner.run_federate(cfg, ref)
 
-    real = FedMMD.run_round
-
-    def stop_in_round_3(self, fed, r):
-        if r == 3:
-            raise KeyboardInterrupt
-        return real(self, fed, r)
-
-    monkeypatch.setattr(FedMMD, "run_round", stop_in_round_3)
+    _, real = _stop_in_round(monkeypatch, FedMMD)
     with pytest.raises(KeyboardInterrupt):
         runner.run_federate(cfg, out)
     assert _checkpoint_round(checkpoint.partial_dir(out)) == 2
