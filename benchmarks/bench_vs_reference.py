@@ -20,25 +20,26 @@ from start to exit (interpreter, imports, data, models, round, evaluations).
 Configurations (``--configs``; each is ``defaults`` with one lever changed, except
 ``before``):
 
-    defaults      the engine defaults of this version
+    defaults      the engine defaults of this version (channels_last, recompute on CPU,
+                  malloc_tuning 64 MB, eval_batch 256, one graph, sparse correlation matrices)
     before        fedshift before issue 14: stride-1 EfficientNet (efficientnet_b0_s1),
-                  eval_batch 2048, glibc allocator untuned, every
-                  participant's graph alive in the collaborative step, correlation matrices
-                  of 512 samples every round (evaluation keeps this version's inference_mode and buffer)
-    no_malloc     engine.malloc_tuning: false
-    cl            engine.channels_last: true (NHWC weights and activations)
-    cl_bf16       engine.channels_last: true and engine.bf16: true
+                  eval_batch 2048, glibc allocator untuned, every participant's graph alive
+                  in the collaborative step, correlation matrices of 512 samples every
+                  round, contiguous layout, no recompute (evaluation keeps this version's
+                  inference_mode and buffer)
+    defaults_v1   the defaults of the first issue-14 version: contiguous layout, no recompute,
+                  every freed buffer kept (malloc_tuning: true = 1024 MB): fastest, 7.9 GB
+    no_malloc     engine.malloc_tuning: false (glibc's own mmap threshold)
+    malloc_1g / malloc_128 / malloc_32   engine.malloc_tuning: true (1024 MB) / 128 / 32
+    trim          engine.malloc_trim: true (free heap pages returned at phase boundaries)
+    no_cl         engine.channels_last: false
+    no_recompute  engine.recompute: false (no activation checkpointing)
     bf16          engine.bf16: true (bf16 autocast in evaluation; needs AVX-512 BF16/AMX)
     eval2048      engine.eval_batch: 2048
     eval128       engine.eval_batch: 128
     eff_s1        the earlier stride-1 EfficientNet-B0 (efficientnet_b0_s1)
     eval_round0   engine.eval_round0: true (one more evaluation, before the round)
     no_corr       fccl_plus.corr_every: 0 (no cross-correlation figure data)
-    recompute     engine.recompute: true (activation checkpointing of the CNN blocks while training:
-                  MobileNetV2 at batch 256 5.2 -> 3.6 GB, one more forward per block)
-    cl_recompute  channels_last and recompute; cl_bf16_recompute adds bf16 evaluation
-    recompute_no_malloc, cl_recompute_no_malloc   the same with engine.malloc_tuning: false
-    cl_recompute_trim   channels_last, recompute and engine.malloc_trim (free heap pages returned at phase boundaries)
     graphs_all    engine.public_graphs: all (every participant's autograd graph alive in the
                   collaborative step: K-1 fewer forward passes, K times the activation memory)
 
@@ -72,11 +73,17 @@ QUICK = {"private": [138, 94, 500, 125], "public": 256 * 2, "test": 125}
 DEFAULTS: Dict = {"engine": {}, "method": {}, "efficientnet": "efficientnet_b0"}
 CONFIGS: Dict[str, Dict] = {
     "defaults": {},
-    "before": {"engine": {"eval_batch": 2048, "malloc_tuning": False, "public_graphs": "all"},
+    "before": {"engine": {"eval_batch": 2048, "malloc_tuning": False, "public_graphs": "all", "channels_last": False,
+                          "recompute": False},
                "method": {"corr_every": 1, "corr_samples": 512}, "efficientnet": "efficientnet_b0_s1"},
+    "defaults_v1": {"engine": {"channels_last": False, "recompute": False, "malloc_tuning": True}},
     "no_malloc": {"engine": {"malloc_tuning": False}},
-    "cl": {"engine": {"channels_last": True}},
-    "cl_bf16": {"engine": {"channels_last": True, "bf16": True}},
+    "malloc_1g": {"engine": {"malloc_tuning": True}},
+    "malloc_128": {"engine": {"malloc_tuning": 128}},
+    "malloc_32": {"engine": {"malloc_tuning": 32}},
+    "trim": {"engine": {"malloc_trim": True}},
+    "no_cl": {"engine": {"channels_last": False}},
+    "no_recompute": {"engine": {"recompute": False}},
     "bf16": {"engine": {"bf16": True}},
     "eval2048": {"engine": {"eval_batch": 2048}},
     "eval128": {"engine": {"eval_batch": 128}},
@@ -84,12 +91,6 @@ CONFIGS: Dict[str, Dict] = {
     "eval_round0": {"engine": {"eval_round0": True}},
     "no_corr": {"method": {"corr_every": 0}},
     "graphs_all": {"engine": {"public_graphs": "all"}},
-    "recompute": {"engine": {"recompute": True}},
-    "cl_recompute": {"engine": {"channels_last": True, "recompute": True}},
-    "recompute_no_malloc": {"engine": {"recompute": True, "malloc_tuning": False}},
-    "cl_recompute_no_malloc": {"engine": {"channels_last": True, "recompute": True, "malloc_tuning": False}},
-    "cl_recompute_trim": {"engine": {"channels_last": True, "recompute": True, "malloc_trim": True}},
-    "cl_bf16_recompute": {"engine": {"channels_last": True, "bf16": True, "recompute": True}},
 }
 PHASES = ["eval0", "collab", "local", "corr", "eval"]
 

@@ -97,7 +97,8 @@ def _rss_bytes() -> int:
 def test_malloc_trim_returns_freed_heap_pages():
     """engine.malloc_tuning keeps freed buffers resident (fast reuse); engine.malloc_trim hands them
     back at phase boundaries (release_memory), which is what lowers the peak RSS of a run."""
-    if not cpu.tune_allocator():
+    prev = cpu.tuned_mb()
+    if not cpu.tune_allocator(1024):  # every block below 1 GB stays in the heap when freed
         pytest.skip("allocator is not glibc")
     try:
         cpu.set_trim(False)
@@ -110,3 +111,54 @@ def test_malloc_trim_returns_freed_heap_pages():
         assert kept - _rss_bytes() > 200 * 2**20  # most of the 300 MB left the process
     finally:
         cpu.set_trim(False)
+        cpu.tune_allocator(prev or 1024)
+
+
+_THRESHOLD_PROBE = """
+import os, sys, torch
+from fedshift.engine import cpu
+def rss():
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+if not cpu.tune_allocator(int(sys.argv[1])):
+    print("untuned"); sys.exit()
+small = [torch.ones(8 * 2**20 // 4) for _ in range(10)]  # 80 MB in 8 MB blocks (trim threshold: 2x the size)
+alive = rss(); del small; small_freed = alive - rss()
+big = torch.ones(200 * 2**20 // 4)
+alive = rss(); del big; big_freed = alive - rss()
+print(small_freed >> 20, big_freed >> 20)
+"""
+
+
+@pytest.mark.skipif(not Path("/proc/self/statm").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("keep_mb", [64, 1024])
+def test_malloc_tuning_size_keeps_blocks_below_it_and_unmaps_larger_ones(keep_mb):
+    """engine.malloc_tuning: 64 (the default): freed 8 MB activation-sized blocks stay resident for the
+    next step; a freed 200 MB block goes back to the kernel at once. At 1024 MB (true) both stay.
+    In a fresh process: the allocator's state depends on everything allocated before."""
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-c", _THRESHOLD_PROBE, str(keep_mb)], capture_output=True, text=True,
+                         check=True).stdout.split()
+    if out == ["untuned"]:
+        pytest.skip("allocator is not glibc")
+    small_freed, big_freed = map(int, out)
+    assert small_freed < 16  # MB handed back: none, kept for reuse
+    if keep_mb == 64:
+        assert big_freed > 150  # mapped on its own, unmapped when freed
+    else:
+        assert big_freed < 16  # kept too
+
+
+def test_malloc_tuning_setting_is_checked_and_resolved():
+    from fedshift.config import resolve
+    from fedshift.engine.config import EngineConfig, PretrainConfig, malloc_keep_mb
+
+    assert [malloc_keep_mb(v) for v in (True, False, 64, 512)] == [1024, 0, 64, 512]
+    assert resolve(EngineConfig, {}, "engine").malloc_tuning == 64
+    for cls, block in ((EngineConfig, "engine"), (PretrainConfig, "pretrain")):
+        with pytest.raises(ConfigError, match="malloc_tuning must be true, false or a size in MB"):
+            resolve(cls, {"malloc_tuning": 0}, block)
+        with pytest.raises(ConfigError, match=rf"{block}.malloc_tuning: expected bool \| int"):
+            resolve(cls, {"malloc_tuning": "64MB"}, block)

@@ -75,3 +75,22 @@ def test_engine_recompute_reaches_the_participants(tiny_data):
     teacher = copy.deepcopy(fed.clients[0].model)  # a frozen copy keeps its own (plain) forward
     teacher.recompute = False
     assert fed.clients[0].model.recompute is True
+
+
+def test_recompute_auto_is_on_for_cpu_only(tiny_data):
+    """engine.recompute: auto (the default) checkpoints on CPU, where a round is memory-bound, and
+    not on CUDA, where recomputing only adds kernels; true / false are taken as given."""
+    from fedshift.config import resolve
+    from fedshift.engine.config import EngineConfig, recompute_on
+    from helpers import tiny_federation
+
+    assert resolve(EngineConfig, {}, "engine").recompute == "auto"
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert (recompute_on("auto", cpu), recompute_on("auto", cuda)) == (True, False)
+    assert (recompute_on(True, cuda), recompute_on(False, cpu)) == (True, False)
+    fed = tiny_federation(tiny_data, ("resnet10", "lenet"), seed=0, rounds=1)
+    assert [c.model.recompute for c in fed.clients] == [True, True]
+    fed = tiny_federation(tiny_data, ("resnet10", "lenet"), seed=0, rounds=1, recompute=False)
+    assert [c.model.recompute for c in fed.clients] == [False, False]
+    with pytest.raises(Exception, match="engine.recompute: expected bool \\| 'auto'"):
+        resolve(EngineConfig, {"recompute": "yes"}, "engine")

@@ -236,7 +236,7 @@ def test_label_out_of_range_fails(tiny_data, tmp_path):
         runner.run_federate(_config(build, tmp_path), tmp_path / "out")
 
 
-def test_models_pt_rescored_by_fedshift_evaluate(tiny_data, tmp_path, capsys):
+def test_models_pt_rescored_by_fedshift_evaluate(tiny_data, tmp_path, capsys, monkeypatch):
     cfg = _config(tiny_data, tmp_path, rounds=1)
     out = tmp_path / "out"
     metrics = runner.run_federate(cfg, out)
@@ -246,3 +246,15 @@ def test_models_pt_rescored_by_fedshift_evaluate(tiny_data, tmp_path, capsys):
     assert summary == pytest.approx(metrics["final"])
     assert main(["evaluate", str(out)]) == 0
     assert "avg/inter/top1" in capsys.readouterr().out
+    # --bf16: the same weights under bf16 autocast (how much bf16 evaluation moves a number),
+    # refused, naming the key, where the CPU has no hardware bf16
+    from fedshift.engine import cpu
+
+    if cpu.bf16_supported(torch.device("cpu")):
+        low = runner.evaluate_run(out, bf16=True)
+        assert low.keys() == summary.keys()
+        assert low["avg/inter/top1"] == pytest.approx(summary["avg/inter/top1"], abs=0.1)
+    monkeypatch.setattr(cpu, "bf16_supported", lambda device: False)
+    with pytest.raises(ConfigError, match="engine.bf16"):
+        runner.evaluate_run(out, bf16=True)
+    assert main(["evaluate", str(out), "--no-bf16"]) == 0

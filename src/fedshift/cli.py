@@ -193,7 +193,7 @@ def cmd_validate(args) -> None:
 def cmd_evaluate(args) -> None:
     from .engine.runner import evaluate_run
 
-    summary = evaluate_run(Path(args.run_dir), device=args.device)
+    summary = evaluate_run(Path(args.run_dir), device=args.device, bf16=args.bf16)
     for key in sorted(summary):
         if key.startswith("avg/"):
             print(f"{key} {summary[key]:.4f}")
@@ -244,6 +244,8 @@ def main(argv: List[str] | None = None) -> int:
     p = sub.add_parser("evaluate", help="re-score a federated run's published models (models.pt)")
     p.add_argument("run_dir")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                   help="evaluate under bf16 autocast (--bf16) or in float32 (--no-bf16); default: as the run")
     p.set_defaults(fn=cmd_evaluate)
 
     p = sub.add_parser("validate", help="check the experiment grid and configs")

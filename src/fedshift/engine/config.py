@@ -32,14 +32,22 @@ class EngineConfig:
     # true drops it. A last batch of one sample is always dropped (BatchNorm cannot train on it).
     public_drop_last: bool = False
     norm: Literal["default", "batch", "group", "none"] = "default"  # "default": each model's own (papers' choice)
-    channels_last: bool = False  # NHWC weights: same maths up to float rounding, 1.3-1.8x faster steps of the papers' CNNs on CPU (benchmarks/); off keeps runs bit-identical to earlier versions
+    # NHWC weights and activations: same maths up to float rounding, 1.3-1.8x faster steps of the papers' CNNs
+    # on CPU (README round-time budget); false gives the float rounding of fedshift before issue 14
+    channels_last: bool = True
     eval_every: int = 1  # evaluate every k rounds (the last round always)
     eval_round0: bool = True  # also evaluate the starting models (round 0 of rounds.csv); the authors' code does not
     eval_batch: int = 256  # inference batch (evaluation, figure data): fastest on CPU (benchmarks/bench_vs_reference.py)
     bf16: bool = False  # bf16 autocast in evaluation; needs hardware bf16 (AVX-512 BF16, AMX or CUDA), refused otherwise
-    malloc_tuning: bool = True  # glibc: reuse freed activation buffers instead of faulting in fresh pages (engine/cpu.py)
+    # glibc: keep freed blocks up to this many MB in the heap for reuse instead of unmapping them and faulting
+    # fresh pages in on the next step (engine/cpu.py). true = 1024 (every activation buffer: fastest, ~1 GB
+    # more peak RSS); false = glibc's own threshold (most page faults, least memory). 64: the FCCL+ Digits
+    # round at <= 4 GB (README round-time budget)
+    malloc_tuning: Union[bool, int] = 64
     malloc_trim: bool = False  # glibc malloc_trim(0) at phase boundaries (engine/cpu.py release_memory): lower peak RSS, some page faults
-    recompute: bool = False  # activation checkpointing of the CNN blocks while training (FedModel.run_blocks): less memory, one more forward per block
+    # activation checkpointing of the CNN blocks while training (FedModel.run_blocks): same gradients, less
+    # memory, one more forward per block; auto = on for CPU devices (memory-bound), off on CUDA
+    recompute: Union[bool, Literal["auto"]] = "auto"
     public_graphs: Literal["all", "one"] = "one"  # FCCL/FCCL+ collaborative step: every participant's autograd graph alive at once, or one (less memory, K-1 more forwards)
     last_k: int = 3  # headline = mean of the last 3 evaluated rounds (FCCL+ tables)
     # headline selection: "last_k" = mean of the last_k evaluations (FCCL+ tables); "best_val" = per participant,
@@ -132,9 +140,9 @@ class PretrainConfig:
     eval_every: int = 5  # evaluate on every domain's test set every k epochs (and the last)
     eval_batch: int = 256  # as EngineConfig.eval_batch
     bf16: bool = False  # as EngineConfig.bf16
-    channels_last: bool = False  # as EngineConfig.channels_last
-    recompute: bool = False  # as EngineConfig.recompute
-    malloc_tuning: bool = True  # as EngineConfig.malloc_tuning
+    channels_last: bool = True  # as EngineConfig.channels_last
+    recompute: Union[bool, Literal["auto"]] = "auto"  # as EngineConfig.recompute
+    malloc_tuning: Union[bool, int] = 64  # as EngineConfig.malloc_tuning
     device: str = "auto"
     threads: Optional[int] = None
     checkpoint_every: int = 1  # write a resumable checkpoint every k epochs (0: never)
@@ -172,6 +180,18 @@ def check_cuda(spec: str) -> None:
                          f"exist (cuda:0..cuda:{torch.cuda.device_count() - 1})")
 
 
+def recompute_on(setting: Union[bool, str], device) -> bool:
+    """``engine.recompute`` / ``pretrain.recompute`` resolved for ``device`` (auto: on for CPU)."""
+    return device.type == "cpu" if setting == "auto" else bool(setting)
+
+
+def malloc_keep_mb(setting: Union[bool, int]) -> int:
+    """``malloc_tuning`` as the MB of freed blocks glibc keeps for reuse (0: glibc's own setting)."""
+    if isinstance(setting, bool):
+        return 1024 if setting else 0
+    return int(setting)
+
+
 def check_common(cfg) -> None:
     """Checks shared by the engine and pretraining settings (device, learning rate, threads)."""
     check_device(cfg.device)
@@ -179,5 +199,9 @@ def check_common(cfg) -> None:
         raise ValueError(f"lr must be >= 0, got {cfg.lr}")
     if cfg.weight_decay < 0:
         raise ValueError(f"weight_decay must be >= 0, got {cfg.weight_decay}")
+    if not isinstance(cfg.malloc_tuning, bool) and not 1 <= cfg.malloc_tuning <= 4096:
+        raise ValueError(f"malloc_tuning must be true, false or a size in MB from 1 to 4096, got {cfg.malloc_tuning}")
+    if cfg.recompute not in (True, False, "auto"):
+        raise ValueError(f"recompute must be true, false or auto, got {cfg.recompute!r}")
     if cfg.threads is not None and cfg.threads < 1:
         raise ValueError(f"threads must be >= 1 (or null: torch's default), got {cfg.threads}")

@@ -21,7 +21,7 @@ from ..data.augment import augment
 from ..data.loading import ClientData, FederatedData, normalize
 from ..errors import NonFiniteError
 from ..models import FedModel
-from .config import EngineConfig
+from .config import EngineConfig, recompute_on
 from .cpu import autocast, release_memory
 from .evaluation import EvalSuite, evaluate_suite, intra_inter
 from .levers import EngineLevers, drive, slot_device
@@ -88,7 +88,7 @@ class Federation:
         fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
         for m in models:
             if isinstance(m, FedModel):
-                m.recompute = cfg.recompute  # engine.recompute (activation checkpointing)
+                m.recompute = recompute_on(cfg.recompute, device)  # engine.recompute (activation checkpointing)
         self.clients = [
             Client(i, cd.name, cd.domain, arch, m.to(device, memory_format=fmt), cd,
                    torch.Generator().manual_seed(s))

@@ -25,7 +25,7 @@ import json
 import logging
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 import torch
 
@@ -34,7 +34,7 @@ from ..data.loading import load_federated
 from ..errors import ConfigError
 from ..models import create_model
 from . import checkpoint, h2l_metrics
-from .config import EngineConfig, PretrainConfig, check_cuda
+from .config import EngineConfig, PretrainConfig, check_cuda, malloc_keep_mb
 from .cpu import check_bf16, set_trim, tune_allocator
 from .federation import Federation, derive_seeds, resolve_device, summarise
 from .sampling import GlobalEvaluator, check_engine
@@ -60,14 +60,14 @@ def headline(history: List[Dict[str, float]], last_k: int) -> Dict[str, float]:
 
 
 def _setup_torch(device_spec: str, threads: Optional[int], deterministic: bool = False,
-                 malloc_tuning: bool = False) -> torch.device:
+                 malloc_tuning: Union[bool, int] = False) -> torch.device:
     try:
         check_cuda(device_spec)
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     torch.set_flush_denormal(True)  # denormal floats in late training slow CPU kernels by orders of magnitude
-    if malloc_tuning:
-        tune_allocator()
+    if malloc_keep_mb(malloc_tuning):
+        tune_allocator(malloc_keep_mb(malloc_tuning))
     if threads:
         torch.set_num_threads(threads)
     if deterministic:
@@ -386,9 +386,11 @@ def _write_outputs(out_dir: Path, cfg, metrics, rows, tracker, checkpoint=None, 
             tracker.log_artifact(p)
 
 
-def evaluate_run(run_dir: Path, device: str = "cpu") -> Dict[str, float]:
+def evaluate_run(run_dir: Path, device: str = "cpu", bf16: Optional[bool] = None) -> Dict[str, float]:
     """Re-score a federated run from its published ``models.pt`` (no training): the summary of
-    every participant on every domain's test set (the last row block of ``rounds.csv``)."""
+    every participant on every domain's test set (the last row block of ``rounds.csv``).
+    ``bf16`` overrides the run's ``engine.bf16`` (bf16 autocast of the evaluation), to measure
+    what it changes on the same weights."""
     import yaml
 
     run_dir = Path(run_dir)
@@ -399,8 +401,9 @@ def evaluate_run(run_dir: Path, device: str = "cpu") -> Dict[str, float]:
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     saved = torch.load(path, map_location="cpu", weights_only=True)["participants"]
     eng = EngineConfig(**{**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg["engine"].items()},
-                          "device": device})
+                          "device": device, **({} if bf16 is None else {"bf16": bool(bf16)})})
     dev = _setup_torch(device, eng.threads)
+    check_bf16(eng.bf16, dev)
     data = load_federated(Path(cfg["paths"]["partition"]), None, dev, cfg.get("participants"))
     archs = [saved[name]["arch"] for name in data.names]
     models = build_models(archs, data.num_classes, data.image_shape[0], eng.norm, int(cfg["seed"]))
