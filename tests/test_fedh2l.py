@@ -301,3 +301,23 @@ def test_rotmnist_alpha_scenarios_partition_disjoint(tiny_data, tmp_path):
     m0 = man["participants"]["m0"]["splits"]
     assert m0["public"]["n"] == 10 and m0["test"]["n"] == 30  # 5 % and 15 % of 200
     assert man["audit"]["disjoint_by_index"] and man["params"]["alpha"] == 0.05
+
+
+def test_flat_params_takes_channels_last_weights_in_the_gradient_buffer_order():
+    """engine.channels_last (the default) gives NHWC conv weights, which parameters_to_vector
+    (view(-1)) refuses; flat_params flattens in logical order, the order of bind_flat_grads."""
+    from torch.nn.utils import parameters_to_vector
+
+    from fedshift.methods.fedh2l import bind_flat_grads, flat_params
+    from fedshift.models import create_model
+
+    torch.manual_seed(0)
+    model = create_model("lenet", num_classes=10, in_channels=1)
+    want = parameters_to_vector(model.parameters()).detach()
+    model = model.to(memory_format=torch.channels_last)
+    assert any(p.dim() == 4 and not p.is_contiguous() for p in model.parameters())
+    assert torch.equal(flat_params(list(model.parameters())), want)
+    buf = bind_flat_grads(model)
+    x = torch.randn(3, 1, 28, 28).to(memory_format=torch.channels_last)
+    model(x).sum().backward()
+    assert torch.equal(buf, torch.cat([p.grad.reshape(-1) for p in model.parameters()]))

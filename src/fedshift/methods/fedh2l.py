@@ -54,7 +54,6 @@ from typing import Any, Dict, List, Literal, Mapping, Tuple
 
 import torch
 import torch.nn.functional as F
-from torch.nn.utils import parameters_to_vector
 
 from ..data.loading import normalize
 from ..engine.federation import derive_seeds
@@ -95,6 +94,13 @@ class FedH2LParams(StepParams):
             raise ValueError(f"E must be >= 1, got {self.E}")
         if not self.kl and not self.public_labels:
             raise ValueError("kl: false with public_labels: false leaves no global loss; enable one of them")
+
+
+def flat_params(params) -> torch.Tensor:
+    """The parameters as one flat vector in their logical (NCHW) element order, the order of
+    :func:`bind_flat_grads`' buffer. Unlike ``parameters_to_vector`` (``view(-1)``), this also
+    takes channels_last weights (``engine.channels_last``, the default)."""
+    return torch.cat([p.detach().reshape(-1) for p in params])
 
 
 def bind_flat_grads(model: torch.nn.Module) -> torch.Tensor:
@@ -278,7 +284,7 @@ class FedH2L(StepwiseMethod):
             raise ConfigError(f"methods.{self.name}: a participant has an empty public split (scenario alpha = 0?)")
         for node in self.nodes:
             node.gloc = torch.zeros_like(node.buf)
-            node.start = parameters_to_vector(node.params).detach().clone()
+            node.start = flat_params(node.params)
 
     def after_local(self, i: int, node: _Node) -> None:
         if self.p.g_loc == "grad_sum":
@@ -316,7 +322,7 @@ class FedH2L(StepwiseMethod):
         edges = 0
         for i, (c, node) in enumerate(zip(clients, self.nodes)):
             if self.p.g_loc == "param_change":
-                node.gloc = node.start - parameters_to_vector(node.params).detach()
+                node.gloc = node.start - flat_params(node.params)
             mine = peers[i]
             if mine:
                 edges += len(mine)
@@ -332,7 +338,7 @@ class FedH2L(StepwiseMethod):
                 kl_v[i], ce_v[i] = kl.detach(), ce.detach()
             node.gloc.zero_()
             if self.p.g_loc == "param_change":
-                node.start = parameters_to_vector(node.params).detach().clone()
+                node.start = flat_params(node.params)
         self.accumulate("kl", kl_v)
         self.accumulate("ce", ce_v)
         self.accumulate("conflict", conflict)
