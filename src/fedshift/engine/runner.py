@@ -66,8 +66,9 @@ def _setup_torch(device_spec: str, threads: Optional[int], deterministic: bool =
     except ValueError as exc:
         raise ConfigError(str(exc)) from None
     torch.set_flush_denormal(True)  # denormal floats in late training slow CPU kernels by orders of magnitude
-    if malloc_keep_mb(malloc_tuning):
-        tune_allocator(malloc_keep_mb(malloc_tuning))
+    keep_mb = malloc_keep_mb(malloc_tuning)
+    if keep_mb:
+        tune_allocator(keep_mb)
     if threads:
         torch.set_num_threads(threads)
     if deterministic:
