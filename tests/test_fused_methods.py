@@ -1,0 +1,125 @@
+"""engine.fused_clients reaches the server-averaging methods: fused == sequential, refusals, the log line."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from fedshift.engine import fused
+from fedshift.errors import ConfigError
+from fedshift.methods import create_method
+from fedshift.methods.fedmmd import masked_mmd2_rbf, masked_two_stream_l2
+from fedshift.losses import mmd2_rbf, two_stream_l2
+from helpers import synthetic_federation
+
+REACHED = ["fedavg", "fedprox", "fedmmd", "fedmmd_l2"]
+
+
+def _float64_batches(monkeypatch):
+    from fedshift.engine import federation
+    monkeypatch.setattr(federation, "normalize", lambda x: (x.double() / 255.0 - 0.5) / 0.5)
+
+
+def one_round(method: str, mode: str, optimizer: str = "sgd"):
+    # 7 clients of 12-14 images (unequal: padded last batches), 4 sampled per round, batch 5, 2 epochs
+    fed = synthetic_federation(7, clients_per_round=4, local_epochs=2, fused_clients=mode, optimizer=optimizer,
+                               momentum=0.9, lr=0.05)
+    for m in {id(c.model): c.model for c in fed.clients}.values():
+        m.double()
+    params = {"mu": 0.5} if method == "fedprox" else {}
+    m = create_method(method, params)
+    m.setup(fed)
+    fused.decide_for_run(fed, m)
+    metrics = m.run_round(fed, 1)
+    return fed, metrics
+
+
+@pytest.mark.parametrize("method", REACHED)
+def test_fused_round_equals_sequential_in_float64(method, monkeypatch):
+    _float64_batches(monkeypatch)
+    seq, seq_metrics = one_round(method, "off")
+    fus, fus_metrics = one_round(method, "on")
+    assert getattr(fus, "fused_rounds", 0) == 1 and not hasattr(seq, "fused_rounds")  # the fused path ran
+    assert seq_metrics.keys() == fus_metrics.keys() and len(seq_metrics) == 4
+    for k in seq_metrics:
+        assert fus_metrics[k] == pytest.approx(seq_metrics[k], rel=1e-6), k  # both means kept in float32
+    a, b = seq.clients[0].model.state_dict(), fus.clients[0].model.state_dict()
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-9, atol=1e-11)
+
+
+def test_fused_adam_round_equals_sequential(monkeypatch):
+    _float64_batches(monkeypatch)
+    seq, _ = one_round("fedavg", "off", optimizer="adam")
+    fus, _ = one_round("fedavg", "on", optimizer="adam")
+    for k, v in seq.clients[0].model.state_dict().items():
+        torch.testing.assert_close(fus.clients[0].model.state_dict()[k], v, rtol=1e-9, atol=1e-11)
+
+
+def test_the_round_changes_the_model(monkeypatch):
+    # guards the equality test above against a round that trains nothing
+    _float64_batches(monkeypatch)
+    fed = synthetic_federation(7, clients_per_round=4, fused_clients="on")
+    for m in {id(c.model): c.model for c in fed.clients}.values():
+        m.double()
+    before = {k: v.clone() for k, v in fed.clients[0].model.state_dict().items()}
+    m = create_method("fedavg")
+    m.setup(fed)
+    fused.decide_for_run(fed, m)
+    m.run_round(fed, 1)
+    assert fed.fused_rounds == 1
+    assert any(not torch.equal(before[k], v) for k, v in fed.clients[0].model.state_dict().items())
+
+
+@pytest.mark.parametrize("n", [5, 8])
+def test_masked_penalties_equal_the_unpadded_ones(n):
+    g = torch.Generator().manual_seed(n)
+    x, y = torch.randn(8, 10, generator=g, dtype=torch.float64), torch.randn(8, 10, generator=g, dtype=torch.float64)
+    w = (torch.arange(8) < n).double()
+    torch.testing.assert_close(masked_mmd2_rbf(x, y, w, min_scale=1.0), mmd2_rbf(x[:n], y[:n], min_scale=1.0))
+    torch.testing.assert_close(masked_mmd2_rbf(x, y, w), mmd2_rbf(x[:n], y[:n]))
+    torch.testing.assert_close(masked_two_stream_l2(x, y, w), two_stream_l2(x[:n], y[:n]))
+
+
+def _models(arch, norm="group", k=1):
+    from fedshift.engine.runner import build_models
+    return build_models([arch] * k, 10, 1, norm, 0)
+
+
+@pytest.mark.parametrize("method,pattern", [
+    ("fedfusion_conv", "'fedfusion_conv' has no fused local objective"),
+    ("moon", "'moon' overrides local_loss of FedAvg"),
+    ("fedrs", "'fedrs' overrides local_loss of FedAvg"),
+    ("fedh2l", "'fedh2l' has no fused local objective"),
+])
+def test_on_refuses_methods_it_does_not_reach_in_one_line(method, pattern):
+    with pytest.raises(ConfigError, match=pattern) as e:
+        fused.fusion_decision("on", create_method(method), ["lenet"] * 2, _models("lenet"), "cpu")
+    assert "\n" not in str(e.value) and "fused_clients: auto or off" in str(e.value)
+    fuse, why = fused.fusion_decision("auto", create_method(method), ["lenet"] * 2, _models("lenet"), "cuda")
+    assert not fuse and why.startswith("auto fell back: ")
+
+
+def test_on_refuses_batchnorm_and_mixed_architectures():
+    with pytest.raises(ConfigError, match="BatchNorm at"):
+        fused.plan_check(create_method("fedavg"), ["resnet10"] * 2, "batch", "on", "cpu")
+    with pytest.raises(ConfigError, match="architectures differ"):
+        fused.fusion_decision("on", create_method("fedavg"), ["lenet", "resnet10"], _models("lenet"), "cpu")
+    fused.plan_check(create_method("fedavg"), ["lenet"] * 2, "group", "on", "cpu")  # fusable: no error
+
+
+def test_auto_follows_the_measured_per_device_default():
+    for dev, want in fused.AUTO_BY_DEVICE.items():
+        fuse, why = fused.fusion_decision("auto", create_method("fedavg"), ["lenet"] * 2, _models("lenet"), dev)
+        assert fuse is want, why
+
+
+def test_the_run_logs_once_which_path_trains(caplog):
+    fed = synthetic_federation(3, fused_clients="auto")
+    with caplog.at_level(logging.INFO, logger="fedshift"):
+        fused.decide_for_run(fed, create_method("fedavg"))
+    lines = [r.getMessage() for r in caplog.records if "clients train" in r.getMessage()]
+    assert lines == ["clients train sequentially (auto fell back: sequential is the measured default on cpu "
+                     "(benchmarks/results/clients_fused_cpu.md))"]
