@@ -9,7 +9,7 @@ one minibatch step, as in FedH2L, so IND, AGG and FedH2L see the same number of 
 from __future__ import annotations
 
 from .base import METHODS
-from .fedh2l import StepParams, StepwiseMethod
+from .stepwise import StepParams, StepwiseMethod
 
 
 @METHODS.register("ind")
