@@ -37,6 +37,21 @@ Choices where the paper is silent (REFERENCE.md lists the readings):
 * Batches: each node walks through a fresh permutation of its private data (last partial
   batch dropped); public batches are drawn without replacement each global round, of
   size ``min(batch, smallest public split)``.
+* Readings of § IV the paper leaves open (issue 21 item 6), each a switch:
+
+  - ``local_data``: § IV-E 2 says that with *unlabeled* public data "only node's own data
+    is available for local optimization without the use of public data from other
+    domains", which implies that with labeled seed data the local step also uses the other
+    domains' seed data: ``private+seed`` (private + every domain's seed split). Default
+    ``private`` (the step as Eq. 1-2 write it); Table II's grid states its reading.
+  - ``mutual_forward``: Algorithm 1 computes the student's outputs on each peer's batch;
+    ``per_peer`` (default) does so, ``concat`` runs the peers' batches as one batch. Equal
+    without BatchNorm (LeNet: every layer acts per sample); with BatchNorm (PACS,
+    Office-Home ResNets) the batch statistics differ, so ``concat`` is refused there.
+  - ``global_weight_decay``: both AMSGrads (the local one and the global one, Algorithm 1's
+    separate rates) apply § IV-A's weight decay, so a round with a global step decays the
+    weights twice. ``true`` keeps that (our earlier runs); ``false`` decays in the local
+    optimiser only. The paper names one weight decay and two optimisers, not which applies it.
 * Communication counts posteriors (float32), the accuracy (float32) and the batch's
   indices into the shared seed set (int32) on every sender -> receiver edge; FedAvg's
   reference is every node uploading and downloading its float32 parameters each round.
@@ -68,6 +83,14 @@ class FedH2LParams(StepParams):
     kl: bool = True  # Eq. 3 KL mimicry term (Table V "no KL": false)
     public_labels: bool = True  # CE on labeled public batches, Eq. 5 (false: unlabeled extension, Tables VII-VIII)
     peers: Literal["all", "random_pairs"] = "all"  # all N-1 peers (Eq. 3) or random pairs (Table II asynchronous)
+    # Local step's data (module doc "Readings"): own private data only, or plus every domain's labeled seed
+    # split (§ IV-E 2 (i), read a contrario: only the unlabeled case excludes "public data from other domains").
+    local_data: Literal["private", "private+seed"] = "private"
+    # Mutual step: one forward pass per peer batch (Algorithm 1) or one pass on the peers' batches
+    # concatenated (identical only without BatchNorm: refused for a BatchNorm model).
+    mutual_forward: Literal["per_peer", "concat"] = "per_peer"
+    # Weight decay in the global AMSGrad too (true: decay applied twice per round, by both optimisers).
+    global_weight_decay: bool = True
 
     def __post_init__(self):
         super().__post_init__()
@@ -75,6 +98,9 @@ class FedH2LParams(StepParams):
             raise ValueError(f"E must be >= 1, got {self.E}")
         if not self.kl and not self.public_labels:
             raise ValueError("kl: false with public_labels: false leaves no global loss; enable one of them")
+        if self.local_data == "private+seed" and not self.public_labels:
+            raise ValueError("local_data: private+seed trains on the seed labels, but public_labels is false "
+                             "(§ IV-E 2: unlabeled seed data leaves only the node's own data); use local_data: private")
 
 
 @METHODS.register("fedh2l")
@@ -86,7 +112,24 @@ class FedH2L(StepwiseMethod):
     two_optimizers = True
     global_keys = ("kl", "ce", "conflict")
 
+    def global_weight_decay(self) -> float:
+        return self.p.weight_decay if self.p.global_weight_decay else 0.0
+
+    def train_data(self, fed, c):
+        """Private data, plus every domain's labeled seed split under ``local_data: private+seed``."""
+        if self.p.local_data == "private":
+            return c.data.get("private")
+        parts = [c.data.get("private")] + [o.data.get("public") for o in fed.clients]
+        return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
+
     def setup(self, fed) -> None:
+        if self.p.mutual_forward == "concat":
+            for c in fed.clients:
+                bn = next((n for n, m in c.model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)),
+                          None)
+                if bn is not None:
+                    raise ConfigError(f"methods.{self.name}.mutual_forward: concat equals per_peer only without "
+                                      f"BatchNorm, but {c.name}'s {c.arch} has BatchNorm at {bn!r}; use per_peer")
         super().setup(fed)
         self.publics = [c.data.get("public") for c in fed.clients]
         if self.p.public_labels and any(bool((y < 0).any()) for _, y in self.publics):
@@ -139,7 +182,10 @@ class FedH2L(StepwiseMethod):
             mine = peers[i]
             if mine:
                 edges += len(mine)
-                logits = c.model(torch.cat([xs[j] for j in mine])).view(len(mine), b, -1)
+                if self.p.mutual_forward == "concat":  # one pass: equal to per_peer without BatchNorm
+                    logits = c.model(torch.cat([xs[j] for j in mine])).view(len(mine), b, -1)
+                else:  # Algorithm 1: each peer's batch through the student on its own (BatchNorm batch statistics)
+                    logits = torch.stack([c.model(xs[j]) for j in mine])
                 labels = torch.stack([ys[j] for j in mine]) if self.p.public_labels else None
                 total, kl, ce = h2l_mutual_loss(logits, torch.stack([probs[j] for j in mine]),
                                                 torch.stack([accs[j] for j in mine]), labels, kl=self.p.kl)

@@ -67,12 +67,12 @@ def bind_flat_grads(model: torch.nn.Module) -> torch.Tensor:
 class _Node:
     """Per-participant step state: flat gradient buffer, optimisers, data order."""
 
-    def __init__(self, model, x, y, lr, wd, two_optimizers: bool):
+    def __init__(self, model, x, y, lr, wd, two_optimizers: bool, global_wd: float):
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.buf = bind_flat_grads(model)
         self.x, self.y = x, y
         self.opt_local = torch.optim.Adam(self.params, lr=lr, weight_decay=wd, amsgrad=True)
-        self.opt_global = (torch.optim.Adam(self.params, lr=lr, weight_decay=wd, amsgrad=True)
+        self.opt_global = (torch.optim.Adam(self.params, lr=lr, weight_decay=global_wd, amsgrad=True)
                            if two_optimizers else None)
         self.order = torch.zeros(0, dtype=torch.long)
         self.cursor = 0
@@ -88,6 +88,10 @@ class StepwiseMethod(Method):
 
     two_optimizers = False
 
+    def global_weight_decay(self) -> float:
+        """Weight decay of the second (global) optimiser, where there is one."""
+        return self.p.weight_decay
+
     def train_data(self, fed, c) -> Tuple[torch.Tensor, torch.Tensor]:
         return c.data.get("private")
 
@@ -101,7 +105,8 @@ class StepwiseMethod(Method):
             if len(y) < self.p.batch:
                 raise ConfigError(f"methods.{self.name}.batch: {self.p.batch} exceeds participant {c.name!r}'s "
                                   f"{len(y)} training samples")
-            self.nodes.append(_Node(c.model, x, y, self.p.lr, self.p.weight_decay, self.two_optimizers))
+            self.nodes.append(_Node(c.model, x, y, self.p.lr, self.p.weight_decay, self.two_optimizers,
+                                    self.global_weight_decay()))
         self.sums: Dict[str, torch.Tensor] = {}
         self.count = 0
         self.comm_bytes = 0
