@@ -123,3 +123,51 @@ def test_the_run_logs_once_which_path_trains(caplog):
     lines = [r.getMessage() for r in caplog.records if "clients train" in r.getMessage()]
     assert lines == ["clients train sequentially (auto fell back: sequential is the measured default on cpu "
                      "(benchmarks/results/clients_fused_cpu.md))"]
+
+
+def test_fused_run_resumes_bit_identically_and_logs_its_path(tiny_data, tmp_path, monkeypatch, caplog):
+    """fused_clients: on through the runner: the log says fused, and an interrupted run resumes to the
+    straight run's metrics and rounds.csv (sampling + server model, FedMMD's second stream)."""
+    import json
+
+    from fedshift.engine import checkpoint, runner
+    from fedshift.experiments import load_experiments
+    from fedshift.methods.fedmmd import FedMMD
+    from test_resume import DATA, _checkpoint_round, _stop_in_round
+
+    exp = {"engine": {"rounds": 4, "local_epochs": 1, "local_batch": 32, "device": "cpu", "checkpoint_min_s": 0,
+                      "threads": 1, "eval_batch": 512, "clients_per_round": 3, "server_model": True,
+                      "participant_eval": False, "global_eval_every": 1, "targets": [0.3], "fused_clients": "on"},
+           "grid": [{"scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": ["fedmmd"],
+                     "structures": ["homo_lenet"]}]}
+    (cfg,) = load_experiments(exp, DATA, results=str(tmp_path / "results"), build=str(tiny_data)).federate.values()
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    calls = []
+    orig = fused.train_clients_fused
+    monkeypatch.setattr(fused, "train_clients_fused", lambda *a, **k: calls.append(1) or orig(*a, **k))
+    with caplog.at_level(logging.INFO):
+        runner.run_federate(cfg, ref)
+    assert len(calls) == 4  # every round trained fused
+    assert [r.getMessage() for r in caplog.records if "clients train" in r.getMessage()] == \
+        ["clients train fused (engine.fused_clients: on)"]
+    _, real = _stop_in_round(monkeypatch, FedMMD)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_federate(cfg, out)
+    assert _checkpoint_round(checkpoint.partial_dir(out)) == 2
+    monkeypatch.setattr(FedMMD, "run_round", real)
+    runner.run_federate(cfg, out)
+    a, b = (json.loads((d / "metrics.json").read_text()) for d in (ref, out))
+    a.pop("timings"), b.pop("timings")
+    assert a == b
+    assert (ref / "rounds.csv").read_bytes() == (out / "rounds.csv").read_bytes()
+
+
+def test_on_is_refused_at_planning_before_any_job(tiny_data, tmp_path):
+    from fedshift.experiments import load_experiments
+    from test_resume import DATA
+
+    exp = {"engine": {"rounds": 1, "device": "cpu", "fused_clients": "on"},
+           "grid": [{"scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": ["moon"],
+                     "structures": ["homo_lenet"]}]}
+    with pytest.raises(ConfigError, match="fused_clients: on cannot fuse: method 'moon' overrides local_loss"):
+        load_experiments(exp, DATA, results=str(tmp_path / "results"), build=str(tiny_data))
