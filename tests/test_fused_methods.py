@@ -14,7 +14,7 @@ from fedshift.methods.fedmmd import masked_mmd2_rbf, masked_two_stream_l2
 from fedshift.losses import mmd2_rbf, two_stream_l2
 from helpers import synthetic_federation
 
-REACHED = ["fedavg", "fedprox", "fedmmd", "fedmmd_l2"]
+REACHED = ["fedavg", "fedprox", "fedmmd", "fedmmd_l2", "fedfusion_conv", "fedfusion_multi", "fedfusion_single"]
 
 
 def _float64_batches(monkeypatch):
@@ -26,11 +26,11 @@ def one_round(method: str, mode: str, optimizer: str = "sgd"):
     # 7 clients of 12-14 images (unequal: padded last batches), 4 sampled per round, batch 5, 2 epochs
     fed = synthetic_federation(7, clients_per_round=4, local_epochs=2, fused_clients=mode, optimizer=optimizer,
                                momentum=0.9, lr=0.05)
-    for m in {id(c.model): c.model for c in fed.clients}.values():
-        m.double()
     params = {"mu": 0.5} if method == "fedprox" else {}
     m = create_method(method, params)
-    m.setup(fed)
+    m.setup(fed)  # FedFusion wraps the models here: float64 after it
+    for model in [c.model for c in fed.clients] + [getattr(m, "global_net", fed.clients[0].model)]:
+        model.double()
     fused.decide_for_run(fed, m)
     metrics = m.run_round(fed, 1)
     return fed, metrics
@@ -89,7 +89,6 @@ def _models(arch, norm="group", k=1):
 
 
 @pytest.mark.parametrize("method,pattern", [
-    ("fedfusion_conv", "'fedfusion_conv' has no fused local objective"),
     ("moon", "'moon' overrides local_loss of FedAvg"),
     ("fedrs", "'fedrs' overrides local_loss of FedAvg"),
     ("fedh2l", "'fedh2l' has no fused local objective"),

@@ -224,8 +224,8 @@ def train_clients_fused(model: nn.Module, client_batches: Sequence[Iterable[Batc
     params = stack_states(states, names)
     objective = objective or masked_cross_entropy
 
-    def call(p: Dict[str, Tensor], x: Tensor) -> Tensor:
-        return functional_call(model, (p, buffers), (x,))
+    def call(p: Dict[str, Tensor], x: Tensor, *args) -> Tensor:  # args: extra forward inputs (FedFusion's map)
+        return functional_call(model, (p, buffers), (x, *args))
 
     def one(p, x, y, m):
         return objective(call, p, x, y, m)
