@@ -94,3 +94,31 @@ def test_global_weight_decay_switch(tiny_data):
     a, _ = _run(tiny_data, {})
     b, _ = _run(tiny_data, {"global_weight_decay": False})
     assert not torch.allclose(_params(a), _params(b))
+
+
+@pytest.mark.parametrize("method", ["fedh2l", "ind", "agg"])
+def test_fused_local_step_of_the_nodes_equals_sequential(tiny_data, method):
+    from fedshift.engine import fused
+
+    def run(mode):
+        fed = tiny_federation(tiny_data, LENET4, public_aug="none", norm="none", fused_clients=mode)
+        m = create_method(method, {"log_every": 2})
+        m.setup(fed)
+        fused.decide_for_run(fed, m)
+        logs = {}
+        for r in range(1, 5):
+            fed.round = r
+            logs.update(m.run_round(fed, r))
+        return fed, m, logs
+
+    seq, ms, ls = run("off")
+    fus, mf, lf = run("on")
+    assert fus.fused_rounds == 4 and not hasattr(seq, "fused_rounds")
+    assert ls.keys() == lf.keys() and ls
+    for k in ls:
+        assert lf[k] == pytest.approx(ls[k], rel=1e-4), k
+    for i in range(4):
+        torch.testing.assert_close(_params(fus, i), _params(seq, i), rtol=1e-4, atol=1e-5)
+        assert not torch.equal(_params(fus, i), _params(tiny_federation(tiny_data, LENET4, norm="none"), i))
+    # checkpoints are the sequential path's: the optimiser states load across paths
+    mf.load_state_dict(ms.state_dict())

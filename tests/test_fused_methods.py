@@ -91,7 +91,7 @@ def _models(arch, norm="group", k=1):
 @pytest.mark.parametrize("method,pattern", [
     ("moon", "'moon' overrides local_loss of FedAvg"),
     ("fedrs", "'fedrs' overrides local_loss of FedAvg"),
-    ("fedh2l", "'fedh2l' has no fused local objective"),
+    ("fedmd", "'fedmd' has no fused local objective"),
 ])
 def test_on_refuses_methods_it_does_not_reach_in_one_line(method, pattern):
     with pytest.raises(ConfigError, match=pattern) as e:

@@ -406,3 +406,30 @@ def fused_round(fed, clients, weights: Sequence[float], objective: Optional[Obje
         fed.check_total(float(v), c.name, "local_loss")
         out[f"{c.name}/train/local_loss"] = float(v)
     return out, average
+
+
+def stacked_flat_grads(model: nn.Module, models: Sequence[nn.Module], batches: Sequence[Batch],
+                       objective: Optional[Objective] = None) -> Tuple[Tensor, Tensor]:
+    """One vmapped forward/backward of ``len(models)`` identical BN-free models, each on its own
+    equal-sized batch: returns the flat gradients ``(C, P)`` (parameters in ``parameters()`` order,
+    each in logical element order, as ``methods.stepwise.bind_flat_grads``' buffer) and the losses ``(C,)``.
+
+    The stepwise nodes of FedH2L / IND / AGG use it for their local step; their own optimisers
+    then step on the rows (so optimiser state and checkpoints are those of the sequential path).
+    """
+    check_fusable(model)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    params = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models]) for n in names}
+    buffers = dict(model.named_buffers())
+    objective = objective or masked_cross_entropy
+
+    def call(p, x, *args):
+        return functional_call(model, (p, buffers), (x, *args))
+
+    x = torch.stack([b[0] for b in batches])
+    y = torch.stack([b[1] for b in batches])
+    mask = torch.ones(y.shape, dtype=torch.bool, device=y.device)
+    grads, loss = vmap(grad_and_value(lambda p, xb, yb, mb: objective(call, p, xb, yb, mb)),
+                       randomness="different")(params, x, y, mask)
+    flat = torch.cat([grads[n].reshape(len(models), -1) for n in names], 1)
+    return flat, loss.detach()

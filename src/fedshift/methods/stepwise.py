@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from ..data.loading import normalize
 from ..engine.federation import derive_seeds
+from ..engine.fused import masked_cross_entropy, stacked_flat_grads, use_fused
 from ..errors import ConfigError
 from .base import Method
 
@@ -128,7 +129,30 @@ class StepwiseMethod(Method):
     def global_step(self, fed, r: int) -> None:
         pass
 
+    def fused_objective(self, fed):
+        """The local step's loss for engine.fused_clients: cross-entropy (every stepwise method's)."""
+        return masked_cross_entropy
+
+    def fused_local_step(self, fed) -> torch.Tensor:
+        """The local step of every node as one vmapped forward/backward (engine.fused_clients);
+        each node's own optimiser then steps on its row of the stacked flat gradients."""
+        fed.fused_rounds = getattr(fed, "fused_rounds", 0) + 1  # evidence that this path ran
+        batches = [self.next_batch(node) for node in self.nodes]  # same draws, same order as sequential
+        for c in fed.clients:
+            c.model.train()
+        grads, losses = stacked_flat_grads(fed.clients[0].model, [c.model for c in fed.clients], batches)
+        for i, node in enumerate(self.nodes):
+            node.buf.copy_(grads[i])
+            self.after_local(i, node)
+            node.opt_local.step()
+        return losses
+
     def run_round(self, fed, r: int) -> Dict[str, float]:
+        if use_fused(fed, fed.clients):
+            self.accumulate("local_loss", self.fused_local_step(fed))
+            self.global_step(fed, r)
+            self.count += 1
+            return self.flush(fed) if r % self.p.log_every == 0 else {}
         losses = []
         for i, (c, node) in enumerate(zip(fed.clients, self.nodes)):
             x, y = self.next_batch(node)
