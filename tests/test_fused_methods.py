@@ -107,6 +107,8 @@ def test_on_refuses_batchnorm_and_mixed_architectures():
     with pytest.raises(ConfigError, match="architectures differ"):
         fused.fusion_decision("on", create_method("fedavg"), ["lenet", "resnet10"], _models("lenet"), "cpu")
     fused.plan_check(create_method("fedavg"), ["lenet"] * 2, "group", "on", "cpu")  # fusable: no error
+    with pytest.raises(ConfigError, match="on_nonfinite: skip_batch"):
+        fused.plan_check(create_method("fedavg"), ["lenet"] * 2, "group", "on", "cpu", "skip_batch")
 
 
 def test_auto_follows_the_measured_per_device_default():

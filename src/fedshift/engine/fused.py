@@ -302,13 +302,15 @@ def fusion_obstacle(method, archs: Sequence[str], models: Sequence[nn.Module]) -
 
 
 def fusion_decision(mode: str, method, archs: Sequence[str], models: Sequence[nn.Module],
-                    device_type: str) -> Tuple[bool, str]:
+                    device_type: str, on_nonfinite: str = "fail") -> Tuple[bool, str]:
     """(fuse?, why) for ``engine.fused_clients``; ``on`` with an obstacle raises ConfigError (one line)."""
     from ..errors import ConfigError
 
     if mode == "off":
         return False, "engine.fused_clients: off"
     obstacle = fusion_obstacle(method, archs, models)
+    if not obstacle and on_nonfinite != "fail":  # the fused step cannot skip one client's batch
+        obstacle = f"engine.on_nonfinite: {on_nonfinite} skips single batches, which a fused step cannot"
     if obstacle:
         if mode == "on":
             raise ConfigError(f"engine.fused_clients: on cannot fuse: {obstacle}; use fused_clients: auto or off")
@@ -319,14 +321,14 @@ def fusion_decision(mode: str, method, archs: Sequence[str], models: Sequence[nn
     return True, f"engine.fused_clients: {mode}"
 
 
-def plan_check(method, archs: Sequence[str], norm: str, mode: str, device: str) -> None:
+def plan_check(method, archs: Sequence[str], norm: str, mode: str, device: str, on_nonfinite: str = "fail") -> None:
     """:func:`fusion_decision` at planning time (before any job): builds one model to look for BatchNorm."""
     if mode == "off":
         return
     from .runner import build_models
 
     models = build_models(list(archs[:1]), 10, 3, norm, 0)
-    fusion_decision(mode, method, archs, models, device.split(":")[0])
+    fusion_decision(mode, method, archs, models, device.split(":")[0], on_nonfinite)
 
 
 def decide_for_run(fed, method, log=None) -> bool:
@@ -334,7 +336,7 @@ def decide_for_run(fed, method, log=None) -> bool:
     import logging
 
     fuse, why = fusion_decision(fed.cfg.fused_clients, method, [c.arch for c in fed.clients],
-                                [c.model for c in fed.clients], fed.device.type)
+                                [c.model for c in fed.clients], fed.device.type, fed.cfg.on_nonfinite)
     fed.fused, fed.fused_reason = fuse, why
     (log or logging.getLogger("fedshift")).info("clients train %s (%s)", "fused" if fuse else "sequentially", why)
     return fuse
