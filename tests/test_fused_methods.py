@@ -112,18 +112,26 @@ def test_on_refuses_batchnorm_and_mixed_architectures():
 
 
 def test_auto_follows_the_measured_per_device_default():
-    for dev, want in fused.AUTO_BY_DEVICE.items():
-        fuse, why = fused.fusion_decision("auto", create_method("fedavg"), ["lenet"] * 2, _models("lenet"), dev)
-        assert fuse is want, why
+    lenet = _models("lenet")
+    big = _models("fedavg_cnn_mnist")  # 1.66 M parameters: measured 0.87x fused on CPU
+    assert fused.fusion_decision("auto", create_method("fedavg"), ["lenet"] * 2, lenet, "cpu")[0]
+    assert fused.fusion_decision("auto", create_method("fedavg"), ["lenet"] * 2, lenet, "cuda")[0]
+    assert fused.fusion_decision("auto", create_method("fedavg"), ["fedavg_cnn_mnist"] * 2, big, "cuda")[0]
+    fuse, why = fused.fusion_decision("auto", create_method("fedavg"), ["fedavg_cnn_mnist"] * 2, big, "cpu")
+    assert not fuse and why.startswith("auto fell back: on cpu fusion pays off only up to 200,000 parameters")
+    assert not fused.fusion_decision("auto", create_method("fedavg"), ["lenet"] * 2, lenet, "mps")[0]
 
 
 def test_the_run_logs_once_which_path_trains(caplog):
-    fed = synthetic_federation(3, fused_clients="auto")
-    with caplog.at_level(logging.INFO, logger="fedshift"):
-        fused.decide_for_run(fed, create_method("fedavg"))
-    lines = [r.getMessage() for r in caplog.records if "clients train" in r.getMessage()]
-    assert lines == ["clients train sequentially (auto fell back: sequential is the measured default on cpu "
-                     "(benchmarks/results/clients_fused_cpu.md))"]
+    for mode, arch, want in (("auto", "lenet", "clients train fused (engine.fused_clients: auto)"),
+                             ("off", "lenet", "clients train sequentially (engine.fused_clients: off)"),
+                             ("auto", "fedavg_cnn_mnist", "clients train sequentially (auto fell back: on cpu")):
+        caplog.clear()
+        fed = synthetic_federation(3, fused_clients=mode, arch=arch)
+        with caplog.at_level(logging.INFO, logger="fedshift"):
+            fused.decide_for_run(fed, create_method("fedavg"))
+        lines = [r.getMessage() for r in caplog.records if "clients train" in r.getMessage()]
+        assert len(lines) == 1 and lines[0].startswith(want), lines
 
 
 def test_fused_run_resumes_bit_identically_and_logs_its_path(tiny_data, tmp_path, monkeypatch, caplog):

@@ -270,9 +270,18 @@ def federation_batches(fed, client, epochs: int, split: str = "private") -> Iter
         yield from fed.private_batches(client, split=split)
 
 
-#: auto's choice per device type, from benchmarks/results/clients_fused_cpu.md (CPU) and the H100
-#: prototype (notes/gpu-h100.md: 3.3x at 10 clients, 18x at 100). A device type not listed: sequential.
-AUTO_BY_DEVICE = {"cuda": True, "cpu": False}
+#: auto's choice per device type: the largest model (trainable parameters) auto fuses. CUDA: every
+#: model (H100 prototype, notes/gpu-h100.md: 3.3x at 10 clients, 18x at 100). CPU, measured here
+#: (benchmarks/results/clients_fused_cpu.md): LeNet (61,706 parameters) 1.2x at 10 sampled clients of
+#: 400 images, 1.6x at 10 of 40, 5.9x at 100 of 4; fedavg_cnn_mnist (1.66 M) 0.87x at 10 clients of
+#: 600 (docs/gpu.md). The CPU bound sits between the two measured sizes. A device type not listed: never.
+AUTO_MAX_PARAMS = {"cuda": float("inf"), "cpu": 200_000}
+
+
+def auto_fuses(device_type: str, model: nn.Module) -> bool:
+    """Whether ``fused_clients: auto`` fuses this model on this device type (see AUTO_MAX_PARAMS)."""
+    n = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return n <= AUTO_MAX_PARAMS.get(device_type, -1)
 
 
 def fusion_obstacle(method, archs: Sequence[str], models: Sequence[nn.Module]) -> Optional[str]:
@@ -315,9 +324,9 @@ def fusion_decision(mode: str, method, archs: Sequence[str], models: Sequence[nn
         if mode == "on":
             raise ConfigError(f"engine.fused_clients: on cannot fuse: {obstacle}; use fused_clients: auto or off")
         return False, f"auto fell back: {obstacle}"
-    if mode == "auto" and not AUTO_BY_DEVICE.get(device_type, False):
-        return False, f"auto fell back: sequential is the measured default on {device_type} " \
-                      "(benchmarks/results/clients_fused_cpu.md)"
+    if mode == "auto" and not auto_fuses(device_type, models[0]):
+        return False, (f"auto fell back: on {device_type} fusion pays off only up to "
+                       f"{AUTO_MAX_PARAMS.get(device_type, 0):,} parameters (benchmarks/results/clients_fused_cpu.md)")
     return True, f"engine.fused_clients: {mode}"
 
 
@@ -358,7 +367,7 @@ def use_fused(fed, clients) -> bool:
             if mode == "on":
                 raise
             return False
-        return mode == "on" or AUTO_BY_DEVICE.get(fed.device.type, False)
+        return mode == "on" or auto_fuses(fed.device.type, clients[0].model)
     return fed.fused
 
 
