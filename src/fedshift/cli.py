@@ -139,7 +139,8 @@ def _job(kind: str, args) -> None:
 def _run_job(kind: str, args) -> None:
     import yaml
 
-    from .engine import checkpoint, runner
+    from . import runner
+    from .engine import checkpoint
     cfg = yaml.safe_load(Path(args.config).read_text())
     apply_thread_allocation(cfg, kind, getattr(args, "threads", None))
     fn = runner.run_pretrain if kind == "pretrain" else runner.run_federate
@@ -202,7 +203,7 @@ def cmd_validate(args) -> None:
 
 
 def cmd_evaluate(args) -> None:
-    from .engine.runner import evaluate_run
+    from .runner import evaluate_run
 
     summary = evaluate_run(Path(args.run_dir), device=args.device, bf16=args.bf16)
     for key in sorted(summary):
