@@ -280,3 +280,17 @@ def test_plugin_installed_by_pip_runs_through_snakemake_resumes_and_reports(tmp_
     assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "avg/inter/top1")) == list(range(ROUNDS + 1))
     mu = client.get_metric_history(run.info.run_id, "fedprox_adaptive/mu")
     assert sorted(m.step for m in mu) == list(range(1, ROUNDS + 1)) and min(mu, key=lambda m: m.step).value == 0.5
+
+
+def test_the_documented_groups_are_the_registries_groups():
+    """docs/extending.md and the example's pyproject name these groups; the registries must read them."""
+    from fedshift.data import DATASETS, PUBLIC_SETS, SCENARIOS
+    from fedshift.methods import METHODS
+    from fedshift.models import MODELS
+
+    groups = {"fedshift.methods": METHODS, "fedshift.models": MODELS, "fedshift.scenarios": SCENARIOS,
+              "fedshift.public_sets": PUBLIC_SETS, "fedshift.datasets": DATASETS}
+    doc = (REPO / "docs/extending.md").read_text()
+    for group, reg in groups.items():
+        assert reg.group == group and f"`{group}`" in doc
+    assert '[project.entry-points."fedshift.methods"]' in (EXAMPLE / "pyproject.toml").read_text()

@@ -52,8 +52,8 @@ def prox_loss(logits: Tensor, y: Tensor, params: Sequence[Tensor], anchor: Seque
     """``CE(logits, y) + (mu / 2) * sum_k ||params_k - anchor_k||²`` (anchors are constants)."""
     if len(params) != len(anchor):
         raise ValueError(f"prox_loss: {len(params)} parameters but {len(anchor)} anchors")
-    prox = sum(((w - a.detach()).float().pow(2).sum() for w, a in zip(params, anchor)), torch.zeros(()))
-    return F.cross_entropy(logits, y) + 0.5 * mu * prox.to(logits.device)
+    prox = sum(((w - a.detach()).float().pow(2).sum() for w, a in zip(params, anchor)), logits.new_zeros((), dtype=torch.float32))
+    return F.cross_entropy(logits, y) + 0.5 * mu * prox
 
 
 def next_mu(mu: float, loss: float, prev_loss: float, streak: int, step: float, patience: int,
