@@ -294,3 +294,12 @@ def test_the_documented_groups_are_the_registries_groups():
     for group, reg in groups.items():
         assert reg.group == group and f"`{group}`" in doc
     assert '[project.entry-points."fedshift.methods"]' in (EXAMPLE / "pyproject.toml").read_text()
+
+
+def test_list_where_names_the_module_that_registered_each_name(capsys):
+    from fedshift.cli import main
+
+    assert main(["list", "methods", "--where"]) == 0
+    assert "fedavg\tbuilt-in fedshift.methods.fedavg" in capsys.readouterr().out.splitlines()
+    assert main(["list", "scenarios", "--where"]) == 0
+    assert "rotmnist\tbuilt-in fedshift.data.scenarios.rotmnist" in capsys.readouterr().out.splitlines()

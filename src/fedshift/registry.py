@@ -41,6 +41,16 @@ def _dist(ep) -> str:
     return f"{d.name} {d.version}" if d is not None else "an unnamed package"
 
 
+def _caller_module() -> str:
+    """The module that registered a name: the first frame outside this file."""
+    import sys
+
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame = frame.f_back
+    return frame.f_globals.get("__name__", "?") if frame is not None else "?"
+
+
 class Registry(Generic[T]):
     """A mapping from lowercase names to objects, filled by the ``register`` decorator
     and (for a registry with a ``group``) by the installed packages' entry points."""
@@ -71,7 +81,7 @@ class Registry(Generic[T]):
             raise ValueError(f"{self.kind} {name!r} is registered twice")
         self._items[name] = obj
         if origin or name not in self._origin:
-            self._origin[name] = origin or f"built-in {getattr(obj, '__module__', None) or type(obj).__module__}"
+            self._origin[name] = origin or f"built-in {_caller_module()}"
 
     # -- plugins ------------------------------------------------------------------------
     def load_plugins(self, reload: bool = False) -> None:
