@@ -184,7 +184,7 @@ TINY_DATA = {  # as the session's tiny_data build (conftest.py)
     "public": {"photo_patches": {"n": 256}},
     "scenarios": {"rotmnist": {"source": "mnist5k", "per_class": 20, "alpha": 0.1, "val": 0.1, "test": 0.25}},
 }
-ROUNDS = 4
+ROUNDS = 3
 TINY_GRID = {  # the embedded default's data (rotmnist x photo_patches), tiny rounds, every round checkpointed
     "engine": {"rounds": ROUNDS, "local_epochs": 1, "local_batch": 32, "device": "cpu", "threads": 1,
                "checkpoint_every": 1, "checkpoint_min_s": 0},
@@ -202,15 +202,18 @@ def _run(cmd, cwd, env, check=True):
     return res
 
 
-def _job_pids(words):
-    """Processes whose command line holds every word (the federate job Snakemake started)."""
+def _job_pids(cwd: Path, words):
+    """Processes running in ``cwd`` whose command line holds every word (the job this test's
+    Snakemake started; never another test run's)."""
     pids = []
     for proc in Path("/proc").iterdir():
         try:
+            if not proc.name.isdigit() or Path(os.readlink(proc / "cwd")) != cwd.resolve():
+                continue
             cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
         except (OSError, ValueError):
             continue
-        if proc.name.isdigit() and all(w in cmd for w in words) and "/bin/sh" not in cmd:
+        if all(w in cmd for w in words) and "/bin/sh" not in cmd:
             pids.append(int(proc.name))
     return pids
 
@@ -224,8 +227,11 @@ def test_plugin_installed_by_pip_runs_through_snakemake_resumes_and_reports(tmp_
     _run(f"{sys.executable} -m pip install -q --no-deps --no-build-isolation --no-index --target {site} {src}",
          tmp_path, _env())
     env = _env(PYTHONPATH=str(site))
-    listed = _run("fedshift list methods", tmp_path, env).stdout.splitlines()
-    assert "fedprox_adaptive\t[plugin fedshift-fedprox-adaptive 0.1.0]" in listed
+    from importlib import metadata
+
+    (dist,) = metadata.distributions(path=[str(site)])  # what pip wrote: the entry point fedshift reads
+    assert dist.name == "fedshift-fedprox-adaptive" and [(e.group, e.name, e.value) for e in dist.entry_points] == [
+        ("fedshift.methods", "fedprox_adaptive", "fedprox_adaptive:FedProxAdaptive")]
 
     # the pipeline files; the data are the real stages' outputs of the session's tiny build
     # (the DVC stages themselves are tested in test_workflow.py), so Snakemake's dvc rule has nothing to do
@@ -249,7 +255,7 @@ def test_plugin_installed_by_pip_runs_through_snakemake_resumes_and_reports(tmp_
     deadline = time.time() + 300
     while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
         time.sleep(0.05)
-    victims = _job_pids(["fedshift", "federate", "fedprox_adaptive"])
+    victims = _job_pids(root, ["fedshift", "federate", "fedprox_adaptive"])
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
     out = proc.communicate(timeout=120)[0]
