@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from fedshift.data.loading import ClientData, FederatedData  # noqa: E402
 from fedshift.engine.config import EngineConfig  # noqa: E402
 from fedshift.engine.federation import Federation, resolve_device  # noqa: E402
-from fedshift.engine.runner import build_models  # noqa: E402
+from fedshift.runner import build_models  # noqa: E402
 from fedshift.methods import create_method  # noqa: E402
 
 
