@@ -32,6 +32,7 @@ from .fedavg import FedAvg
 class FedProxParams:
     init: Literal["scratch", "base"] = "scratch"  # authors' baselines start from scratch
     weighting: Literal["samples", "uniform"] = "samples"  # FedAvg: weight by n_k
+    eval_models: Literal["global", "local"] = "global"  # global: McMahan; local: FCCL+ authors' code (fedavg.py)
     mu: float = 0.01  # proximal weight (FCCL+ Table VII)
 
     def __post_init__(self):

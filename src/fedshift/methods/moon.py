@@ -43,6 +43,7 @@ from .fedavg import FedAvg
 class MOONParams:
     init: Literal["scratch", "base"] = "scratch"  # authors' baselines start from scratch
     weighting: Literal["samples", "uniform"] = "samples"  # FedAvg: weight by n_k
+    eval_models: Literal["global", "local"] = "global"  # global: McMahan; local: FCCL+ authors' code (fedavg.py)
     tau: float = 0.5  # temperature of the model-contrastive loss (FCCL+ Table VII; MOON: 0.5)
     mu: float = 1.0  # weight of the model-contrastive loss (FCCL+ Table VII; MOON: 1 or 5)
 
@@ -69,6 +70,11 @@ class MOON(FedAvg):
 
     name = "moon"
     Params = MOONParams
+    # Under engine.server_model (one shared model) or client sampling this state would be the last-trained
+    # client's, or the global model for the clients that sat out (issue 21 item 8): refused at validation.
+    supports_sampling = False
+    supports_server_model = False
+    per_client_state = "keeps every participant's previous local model (the negative pair)"
 
     def setup(self, fed) -> None:
         super().setup(fed)
