@@ -1,7 +1,7 @@
 """Which models a homogeneous (FCCL+ Table XV-style) grid scores: run it, print the AVG table
 and the protocol checks of issue 21.
 
-    python benchmarks/protocol_check.py params/ablations/table_xv_protocol.yaml --out benchmarks/out/after
+    python benchmarks/protocol_check.py benchmarks/grids/table_xv_protocol.yaml --out benchmarks/out/after
 
 Runs every pretrain and federate job of the grid in this process (no Snakemake: a
 measurement, not the pipeline), under ``--out``, then prints per method (mean ± sd over

@@ -139,6 +139,11 @@ class ServerAveraging(Method):
         return eval_models(self.p) == "global"
 
     @property
+    def per_client_state(self) -> str:
+        """Why sampling / a shared model is refused (engine.sampling.check_engine); empty under ``global``."""
+        return "keeps and scores each participant's own model (eval_models: local)" if self.local_protocol else ""
+
+    @property
     def local_protocol(self) -> bool:
         return eval_models(self.p) == "local"
 
