@@ -23,6 +23,10 @@ weights by their class counts). Prototypes are computed after local updating wit
 the local model in eval mode over all private data (MarsFL collects them from the
 train-mode features of the last local epoch). The local optimiser is Adam.
 
+Scoring: ``eval_models`` as :mod:`fedshift.methods.fedavg` (``local`` in the FCCL+
+grids). The prototypes come from every participant's own model, so FedProc refuses
+client sampling and ``engine.server_model`` at validation.
+
 State across rounds: the global prototypes (C x d) and which classes have one.
 """
 
