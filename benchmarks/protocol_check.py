@@ -56,20 +56,20 @@ def main() -> None:
         m = json.loads((d / "metrics.json").read_text())
         head, final = m["headline"], m["final"]  # headline: mean of the last_k rounds; gap: the last round
         scale = 100.0 if head["avg/inter/top1"] <= 1.0 else 1.0
-        rows.append({"method": job.method, "seed": job.seed, "inter": head["avg/inter/top1"] * scale,
+        rows.append({"scenario": job.scenario, "method": job.method, "seed": job.seed, "inter": head["avg/inter/top1"] * scale,
                      "intra": head["avg/intra/top1"] * scale, "gap": gap(final, cfg["participants"]) * scale})
     print(f"# {args.grid}: {len(plan.federate)} federate + {len(plan.pretrain)} pretrain jobs, "
           f"{time.time() - t0:.0f} s")
-    print("| method | n | AVG inter top-1 | AVG intra top-1 | max_i abs(inter_i - mean others' intra) |")
-    print("| --- | --- | --- | --- | --- |")
-    for method in dict.fromkeys(r["method"] for r in rows):
-        g = [r for r in rows if r["method"] == method]
+    print("| scenario | method | n | AVG inter top-1 | AVG intra top-1 | max_i abs(inter_i - mean others' intra) |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for scenario, method in dict.fromkeys((r["scenario"], r["method"]) for r in rows):
+        g = [r for r in rows if (r["scenario"], r["method"]) == (scenario, method)]
 
         def ms(key):
             v = np.array([r[key] for r in g])
             return f"{v.mean():.2f} ± {v.std(ddof=1):.2f}" if len(v) > 1 else f"{v.mean():.2f}"
 
-        print(f"| {method} | {len(g)} | {ms('inter')} | {ms('intra')} | {ms('gap')} |")
+        print(f"| {scenario} | {method} | {len(g)} | {ms('inter')} | {ms('intra')} | {ms('gap')} |")
     if args.csv:
         import csv
 
