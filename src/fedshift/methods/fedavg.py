@@ -108,9 +108,6 @@ class FedAvgParams:
     eval_models: Literal["global", "local"] = "global"
 
 
-EVAL_MODELS = ("global", "local")
-
-
 def eval_models(params) -> str:
     """The ``eval_models`` protocol of a server-averaging method's params (``global`` when it has no such key)."""
     return getattr(params, "eval_models", "global")
