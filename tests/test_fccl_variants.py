@@ -299,7 +299,8 @@ def _identical(fed) -> bool:
 
 @pytest.mark.parametrize("method,setting,order", [
     ("fccl_plus", "auto", ["average", "local"]),  # FCCL+ averages before local updating
-    ("fccl", "auto", ["local", "average"]),  # FCCL after local updating
+    ("fccl", "auto", ["average", "local"]),  # FCCL: before local updating, as the printed rows (docs/fccl.md)
+    ("fccl", "after_local", ["local", "average"]),  # the authors' fccl+/models/fccl.py position
     ("feddf", "auto", ["average", "local"]),
     ("fccl_plus", "after_local", ["local", "average"]),
     ("fccl", "before_local", ["average", "local"]),
