@@ -39,7 +39,7 @@ from fedshift.data.scenarios.fedmmd import shard_split  # noqa: E402
 from fedshift.engine import fused  # noqa: E402
 from fedshift.engine.config import EngineConfig  # noqa: E402
 from fedshift.engine.federation import Federation, resolve_device  # noqa: E402
-from fedshift.engine.runner import build_models  # noqa: E402
+from fedshift.runner import build_models  # noqa: E402
 from fedshift.methods import create_method  # noqa: E402
 
 TRAIN = 4000

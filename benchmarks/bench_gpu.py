@@ -49,7 +49,7 @@ from fedshift.engine.config import EngineConfig  # noqa: E402
 from fedshift.engine.federation import Federation, resolve_device  # noqa: E402
 from fedshift.engine.fused import (federation_batches, optimizer_from_engine, train_clients_fused,  # noqa: E402
                                    weighted_mean_stacked)
-from fedshift.engine.runner import build_models  # noqa: E402
+from fedshift.runner import build_models  # noqa: E402
 from fedshift.methods import create_method  # noqa: E402
 from fedshift.methods.fedavg import weighted_average  # noqa: E402
 from fedshift.models import create_model  # noqa: E402

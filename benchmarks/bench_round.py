@@ -49,7 +49,7 @@ from fedshift.config import resolve  # noqa: E402
 from fedshift.data.loading import load_federated  # noqa: E402
 from fedshift.engine.config import EngineConfig  # noqa: E402
 from fedshift.engine.federation import Federation, resolve_device  # noqa: E402
-from fedshift.engine.runner import build_models  # noqa: E402
+from fedshift.runner import build_models  # noqa: E402
 from fedshift.methods import create_method  # noqa: E402
 from fedshift.models import FedModel, get_structure  # noqa: E402
 

@@ -124,7 +124,7 @@ def worker(spec: Dict) -> Dict:
     from fedshift.engine.config import EngineConfig
     from fedshift.engine.cpu import set_trim
     from fedshift.engine.federation import Federation
-    from fedshift.engine.runner import _setup_torch, build_models
+    from fedshift.runner import _setup_torch, build_models
     from fedshift.methods import create_method
     from fedshift.models import get_structure
 

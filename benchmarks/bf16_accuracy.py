@@ -33,7 +33,7 @@ def main(argv=None) -> None:
     import torch
 
     from fedshift.engine import cpu
-    from fedshift.engine.runner import evaluate_run
+    from fedshift.runner import evaluate_run
 
     if not cpu.bf16_supported(torch.device("cpu")):
         raise SystemExit("bf16_accuracy.py: this CPU has no hardware bf16 (AVX-512 BF16 or AMX)")

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from fedshift.data import store
-from fedshift.engine import runner
+from fedshift import runner
 from fedshift.experiments import load_experiments
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from fedshift.engine import runner
+from fedshift import runner
 from fedshift.experiments import load_experiments, load_yaml
 
 

@@ -7,7 +7,7 @@ import torch
 from fedshift.data.loading import load_federated
 from fedshift.engine.config import EngineConfig
 from fedshift.engine.federation import Federation
-from fedshift.engine.runner import build_models
+from fedshift.runner import build_models
 
 
 def tiny_federation(root, archs=("lenet", "lenet"), seed=0, **engine):

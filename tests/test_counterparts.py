@@ -277,12 +277,12 @@ def test_fedrs_restricts_only_missing_classes(make_fed):
             fed.clients[0].data.splits["private"] = (x[keep], y[keep])
         return _weights(_run(make_fed, "fedrs", params, fed=fed)[0]), fed
 
-    full, _ = run({}, False)
+    full, _ = run({"restriction": "missing"}, False)
     torch.manual_seed(0)
     avg = _weights(_run(make_fed, "fedavg", fed=make_fed("fedrs"))[0])
-    assert all(torch.allclose(a, b) for a, b in zip(full, avg))  # every class present: FedAvg
-    w1, fed = run({"alpha": 1.0}, True)
-    w5, _ = run({"alpha": 0.5}, True)
+    assert all(torch.allclose(a, b) for a, b in zip(full, avg))  # every class present: FedAvg (paper text)
+    w1, fed = run({"alpha": 1.0, "restriction": "missing"}, True)
+    w5, _ = run({"alpha": 0.5, "restriction": "missing"}, True)
     assert fed.clients[0].data.get("private")[1].min() > 0
     assert _differs(w1, w5)
 

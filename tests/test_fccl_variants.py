@@ -229,7 +229,7 @@ def test_fccl_local_loss_is_ce_plus_two_kls(tiny_data):
 
 def test_fccl_plus_without_fntd_uses_eq19_with_the_base_checkpoint(tiny_data):
     """Without FNTD (Eq. 19) theta^* is the BASE model (FCCL's behaviour), not FCCL+'s random start."""
-    from fedshift.engine.runner import build_models
+    from fedshift.runner import build_models
 
     fed = small_federation(tiny_data, HETERO)
     base = build_models(list(HETERO), 10, 1, "batch", seed=123)  # stands for the BASE checkpoints
@@ -299,7 +299,8 @@ def _identical(fed) -> bool:
 
 @pytest.mark.parametrize("method,setting,order", [
     ("fccl_plus", "auto", ["average", "local"]),  # FCCL+ averages before local updating
-    ("fccl", "auto", ["local", "average"]),  # FCCL after local updating
+    ("fccl", "auto", ["average", "local"]),  # FCCL: before local updating, as the printed rows (docs/fccl.md)
+    ("fccl", "after_local", ["local", "average"]),  # the authors' fccl+/models/fccl.py position
     ("feddf", "auto", ["average", "local"]),
     ("fccl_plus", "after_local", ["local", "average"]),
     ("fccl", "before_local", ["average", "local"]),

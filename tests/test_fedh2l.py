@@ -239,7 +239,7 @@ def test_logging_only_every_k_rounds(tiny_data):
 
 # ------------------------------------------------------------------ runner, experiments, report
 def test_runner_writes_h2l_metrics_selection_and_communication(tiny_data, tmp_path):
-    from fedshift.engine import runner
+    from fedshift import runner
     from fedshift.experiments import load_experiments
 
     exp = {"engine": {"rounds": 4, "eval_every": 2, "select": "best_val", "pooled_rows": True, "device": "cpu"},

@@ -7,7 +7,7 @@ import torch
 
 from fedshift.errors import ConfigError
 from fedshift.methods import create_method
-from fedshift.engine.runner import build_models
+from fedshift.runner import build_models
 from helpers import tiny_federation
 
 LENET4 = ("lenet",) * 4

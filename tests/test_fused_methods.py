@@ -84,7 +84,7 @@ def test_masked_penalties_equal_the_unpadded_ones(n):
 
 
 def _models(arch, norm="group", k=1):
-    from fedshift.engine.runner import build_models
+    from fedshift.runner import build_models
     return build_models([arch] * k, 10, 1, norm, 0)
 
 
@@ -139,7 +139,8 @@ def test_fused_run_resumes_bit_identically_and_logs_its_path(tiny_data, tmp_path
     straight run's metrics and rounds.csv (sampling + server model, FedMMD's second stream)."""
     import json
 
-    from fedshift.engine import checkpoint, runner
+    from fedshift import runner
+    from fedshift.engine import checkpoint
     from fedshift.experiments import load_experiments
     from fedshift.methods.fedmmd import FedMMD
     from test_resume import DATA, _checkpoint_round, _stop_in_round
@@ -180,3 +181,28 @@ def test_on_is_refused_at_planning_before_any_job(tiny_data, tmp_path):
                      "structures": ["homo_lenet"]}]}
     with pytest.raises(ConfigError, match="fused_clients: on cannot fuse: method 'moon' overrides local_loss"):
         load_experiments(exp, DATA, results=str(tmp_path / "results"), build=str(tiny_data))
+
+
+@pytest.mark.parametrize("method", ["fedavg", "fedprox"])
+def test_fused_equals_sequential_under_eval_models_local(method, monkeypatch):
+    """The authors' protocol (average first, every participant trains and keeps its own model) fused."""
+    _float64_batches(monkeypatch)
+
+    def run(mode):
+        fed = synthetic_federation(4, server_model=False, local_epochs=2, fused_clients=mode, lr=0.05)
+        m = create_method(method, {"eval_models": "local", **({"mu": 0.5} if method == "fedprox" else {})})
+        m.setup(fed)
+        for c in fed.clients:
+            c.model.double()
+        fused.decide_for_run(fed, m)
+        for r in (1, 2):
+            fed.round = r
+            m.run_round(fed, r)
+        return fed
+
+    seq, fus = run("off"), run("on")
+    assert fus.fused_rounds == 2 and not hasattr(seq, "fused_rounds")
+    for a, b in zip(seq.clients, fus.clients):
+        for k, v in a.model.state_dict().items():
+            torch.testing.assert_close(b.model.state_dict()[k], v, rtol=1e-9, atol=1e-11)
+    assert not torch.equal(seq.clients[0].model.head.weight, seq.clients[1].model.head.weight)  # own models kept

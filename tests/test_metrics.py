@@ -9,7 +9,7 @@ from torch import nn
 
 from fedshift.engine.evaluation import correct_topk, evaluate_domains, intra_inter
 from fedshift.engine.federation import summarise
-from fedshift.engine.runner import headline
+from fedshift.runner import headline
 
 
 class Lookup(nn.Module):

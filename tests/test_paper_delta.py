@@ -331,7 +331,7 @@ def test_real_tiny_runs_end_to_end(tiny_data, tmp_path):
     table's mean over seeds equals the runs' own metrics.json headline AVG (an independent path)."""
     import json
 
-    from fedshift.engine import runner
+    from fedshift import runner
     from fedshift.experiments import load_experiments
     from fedshift.report.collect import collect
 

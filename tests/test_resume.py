@@ -16,7 +16,8 @@ import pytest
 import torch
 import yaml
 
-from fedshift.engine import checkpoint, runner
+from fedshift import runner
+from fedshift.engine import checkpoint
 from fedshift.experiments import load_experiments
 
 from helpers import tiny_federation

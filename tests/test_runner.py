@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from fedshift.engine import runner
+from fedshift import runner
 from fedshift.errors import ConfigError
 from fedshift.experiments import load_experiments
 

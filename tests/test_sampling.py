@@ -182,7 +182,7 @@ def test_global_evaluator_schedule_and_summary():
 def test_runner_server_mode_writes_global_metrics(tiny_data, tmp_path):
     """End to end through run_federate: shared model, sampling, global evaluation, rounds_to, sampled.csv."""
     from fedshift.config import to_dict
-    from fedshift.engine.runner import run_federate
+    from fedshift.runner import run_federate
     from fedshift.methods import resolve_method_params
 
     parts = ["m0", "m20", "m40", "m60"]

@@ -68,7 +68,7 @@ def test_headline_metric_is_the_report_tables_number():
     import numpy as np
 
     from fedshift.engine.federation import summarise
-    from fedshift.engine.runner import headline
+    from fedshift.runner import headline
     from fedshift.report.report import headline_frame, paper_table
     from fedshift.tracking import headline_metrics
 

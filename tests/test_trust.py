@@ -17,7 +17,8 @@ import yaml
 
 from fedshift.cli import main
 from fedshift.data import store
-from fedshift.engine import checkpoint, runner
+from fedshift import runner
+from fedshift.engine import checkpoint
 from fedshift.errors import ConfigError, NonFiniteError
 from fedshift.experiments import load_experiments
 

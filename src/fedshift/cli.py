@@ -1,6 +1,6 @@
 """``fedshift``: one entry point, one subcommand per pipeline verb.
 
-    fedshift list {datasets,scenarios,public,models,structures,methods}
+    fedshift list {datasets,scenarios,public,models,structures,methods} [--where]
     fedshift fetch DATASET            (DVC stage fetch@DATASET)
     fedshift public NAME              (DVC stage public@NAME)
     fedshift partition SCENARIO       (DVC stage partition@SCENARIO)
@@ -24,45 +24,56 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import TYPE_CHECKING, Callable, Dict, List
 
 from .errors import ConfigError
+
+if TYPE_CHECKING:
+    from .registry import Registry
 
 log = logging.getLogger("fedshift")
 
 
-def _registries() -> Dict[str, Callable[[], List[str]]]:
+def _registries() -> Dict[str, Callable[[], "Registry"]]:
     def datasets():
         from .data import DATASETS
-        return DATASETS.names()
+        return DATASETS
 
     def scenarios():
         from .data import SCENARIOS
-        return SCENARIOS.names()
+        return SCENARIOS
 
     def public():
         from .data import PUBLIC_SETS
-        return PUBLIC_SETS.names()
+        return PUBLIC_SETS
 
     def models():
         from .models import MODELS
-        return MODELS.names()
+        return MODELS
 
     def structures():
-        from .models.structures import STRUCTURES
-        return STRUCTURES.names()
+        from .models.structures import STRUCTURES, sync_homogeneous
+        sync_homogeneous()  # homo_<model> for plugin models too
+        return STRUCTURES
 
     def methods():
         from .methods import METHODS
-        return METHODS.names()
+        return METHODS
 
     return {"datasets": datasets, "scenarios": scenarios, "public": public, "models": models,
             "structures": structures, "methods": methods}
 
 
 def cmd_list(args) -> None:
-    for name in _registries()[args.kind]():
-        print(name)
+    """One name per line; a plugin's line names its package, ``--where`` every name's origin.
+    A plugin left out (import failure, name clash) is one warning line on stderr (fedshift.registry)."""
+    reg = _registries()[args.kind]()
+    for name in reg.names():
+        origin = reg.origin(name)
+        if args.where:
+            print(f"{name}\t{origin}")
+        else:
+            print(f"{name}\t[{origin.split(' (')[0]}]" if origin.startswith("plugin ") else name)
 
 
 def _data_params(path: Path) -> dict:
@@ -128,7 +139,8 @@ def _job(kind: str, args) -> None:
 def _run_job(kind: str, args) -> None:
     import yaml
 
-    from .engine import checkpoint, runner
+    from . import runner
+    from .engine import checkpoint
     cfg = yaml.safe_load(Path(args.config).read_text())
     apply_thread_allocation(cfg, kind, getattr(args, "threads", None))
     fn = runner.run_pretrain if kind == "pretrain" else runner.run_federate
@@ -191,7 +203,7 @@ def cmd_validate(args) -> None:
 
 
 def cmd_evaluate(args) -> None:
-    from .engine.runner import evaluate_run
+    from .runner import evaluate_run
 
     summary = evaluate_run(Path(args.run_dir), device=args.device, bf16=args.bf16)
     for key in sorted(summary):
@@ -203,8 +215,9 @@ def main(argv: List[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="fedshift", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("list", help="print registered names, one per line")
+    p = sub.add_parser("list", help="print registered names, one per line (plugins marked)")
     p.add_argument("kind", choices=sorted(_registries()))
+    p.add_argument("--where", action="store_true", help="print where each name comes from (built-in module or plugin package)")
     p.set_defaults(fn=cmd_list)
 
     for name, fn, arg in (("fetch", cmd_fetch, "dataset"), ("public", cmd_public, "name"),

@@ -158,6 +158,7 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
     """Validate the grid and resolve every job; raises ConfigError on the first problem."""
     from .data import DATASETS, PUBLIC_SETS, SCENARIOS
     from .engine.config import EngineConfig, PretrainConfig
+    from .engine.sampling import check_engine
     from .methods import METHODS, resolve_method_params
     from .models.structures import STRUCTURES
 
@@ -249,6 +250,10 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                                   f"parameters, but {st!r} assigns {archs}; use 'auto' or 'none', or a homo_<model> structure")
             eng = resolve(EngineConfig, _merge(exp.get("engine"), so.get("engine"), variant.get("engine")),
                           f"engine ({m} on {s})")
+            try:  # sampling / server_model / global_eval_every the method cannot honour: refused before any job
+                check_engine(cls(mparams), eng)
+            except ConfigError as exc:
+                raise ConfigError(f"{where} ({m} on {s}): {exc}") from None
             pre = resolve(PretrainConfig, _merge(exp.get("pretrain"), so.get("pretrain")), f"pretrain ({s})")
             from .engine.fused import plan_check  # engine.fused_clients: on refuses here, before any job
 

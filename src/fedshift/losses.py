@@ -14,7 +14,7 @@ the docstring says so.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Iterable, List, Mapping, Sequence, Tuple, Union
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple, Union
 
 import torch
 import torch.nn.functional as F
@@ -385,6 +385,35 @@ def restricted_softmax_ce(logits: Tensor, labels: Tensor, present_mask: Tensor, 
     one = torch.ones((), dtype=logits.dtype, device=logits.device)
     scale = torch.where(present_mask.to(torch.bool), one, one * alpha)
     return F.cross_entropy(logits * scale, labels)
+
+
+RESTRICTIONS = ("count", "missing")
+
+
+def fedrs_class_scales(counts: Tensor, alpha: float, restriction: str = "count") -> Tensor:
+    """FedRS's per-class logit scales s_c from a participant's (C,) class counts.
+
+    ``count`` (FedRepo code): ``alpha + (1 - alpha) * n_c / max_k n_k``;
+    ``missing`` (FedRS paper text): ``alpha`` where ``n_c == 0``, else 1.
+    """
+    counts = counts.to(torch.float64)
+    if restriction == "count":
+        s = alpha + (1.0 - alpha) * counts / counts.max().clamp(min=1.0)
+    elif restriction == "missing":
+        s = torch.where(counts > 0, torch.ones_like(counts), torch.full_like(counts, alpha))
+    else:
+        raise ValueError(f"unknown FedRS restriction {restriction!r}; valid: {', '.join(RESTRICTIONS)}")
+    return s.to(torch.float32)
+
+
+def restricted_logits(logits: Tensor, scales: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+    """``s_c (w_c . h) + b_c`` from the classifier's logits ``w_c . h + b_c``: the scale restricts the
+    weight vectors only (FedRS's classifier has no bias; ours keeps its bias unscaled)."""
+    scales = scales.to(logits.dtype)
+    if bias is None:
+        return logits * scales
+    b = bias.to(logits.dtype)
+    return (logits - b) * scales + b
 
 
 # ------------------------------------------------- counterparts of FCCL+ Tables VIII/IX/XV (issue 11)

@@ -17,9 +17,14 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from ..registry import Registry
 
-DATASETS: "Registry[DatasetSpec]" = Registry("dataset")
-PUBLIC_SETS: "Registry[PublicSpec]" = Registry("public set")
-SCENARIOS: "Registry[ScenarioSpec]" = Registry("scenario")
+def _is(cls_name: str):
+    return lambda obj: "" if type(obj).__name__ == cls_name else f"not a fedshift.data.registry.{cls_name}"
+
+
+# Entry-point groups: installed packages add their own (see fedshift.registry, docs/extending.md).
+DATASETS: "Registry[DatasetSpec]" = Registry("dataset", group="fedshift.datasets", check=_is("DatasetSpec"))
+PUBLIC_SETS: "Registry[PublicSpec]" = Registry("public set", group="fedshift.public_sets", check=_is("PublicSpec"))
+SCENARIOS: "Registry[ScenarioSpec]" = Registry("scenario", group="fedshift.scenarios", check=_is("ScenarioSpec"))
 
 
 @dataclass(frozen=True)

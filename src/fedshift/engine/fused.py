@@ -334,9 +334,10 @@ def plan_check(method, archs: Sequence[str], norm: str, mode: str, device: str, 
     """:func:`fusion_decision` at planning time (before any job): builds one model to look for BatchNorm."""
     if mode == "off":
         return
-    from .runner import build_models
+    from ..models import create_model
 
-    models = build_models(list(archs[:1]), 10, 3, norm, 0)
+    with torch.random.fork_rng(devices=[]):  # planning leaves the global RNG as it found it
+        models = [create_model(archs[0], num_classes=10, in_channels=3, **({} if norm == "default" else {"norm": norm}))]
     fusion_decision(mode, method, archs, models, device.split(":")[0], on_nonfinite)
 
 

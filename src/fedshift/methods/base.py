@@ -31,7 +31,9 @@ import torch.nn.functional as F
 from ..config import resolve
 from ..registry import Registry
 
-METHODS: "Registry[Type[Method]]" = Registry("method")
+METHODS: "Registry[Type[Method]]" = Registry(
+    "method", group="fedshift.methods",
+    check=lambda obj: "" if isinstance(obj, type) and issubclass(obj, Method) else "not a subclass of fedshift.methods.Method")
 
 
 @dataclass(frozen=True)

@@ -25,10 +25,14 @@ What was kept, and where the authors' code and the paper differ (switches):
 * ``fresh_optimizer``: the authors build a new Adam for every participant and
   public batch (its moments restart at zero each step); ``False`` keeps one per
   participant for the whole run.
-* Homogeneous mode (CVPR Table 3): everyone starts from participant 0's weights,
-  parameters are averaged after local updating, uniformly, and the local models are
-  saved as next round's teachers *before* the averaging (the authors' code); see
-  :mod:`fedshift.methods.homogeneous`.
+* Homogeneous mode (CVPR Table 3, FCCL+ Table XV): everyone starts from participant
+  0's weights and parameters are averaged uniformly *before* local updating, so each
+  participant is scored with its own model after local updating, as the printed row
+  is (Digits M->: inter 77.18 against 88.31, the mean of the others' intra, which one
+  shared model would give). The authors' ``fccl+/models/fccl.py:106-113`` averages
+  *after* local updating, having saved the local models as next round's teachers
+  first: ``homogeneous_averaging: after_local`` (variant ``fccl_avg_after``) keeps that
+  position; see :mod:`fedshift.methods.homogeneous` and docs/fccl.md.
 * One forward pass per participant and batch serves both the target (detached) and
   the participant's loss: the targets are fixed before any update, so this equals
   the authors' compute-all-then-update-one-by-one loop (only BatchNorm's running
@@ -37,7 +41,9 @@ What was kept, and where the authors' code and the paper differ (switches):
   participant against the mean of the others, on public and on its private data)
   are recorded every k rounds, or (``sparse``, the default) at the rounds the figure
   draws: the first, the last and three evenly spaced between (:func:`sparse_rounds`);
-  saved as ``cross_correlation.npz`` + ``.png``. The authors' runs pay for no such
+  saved as ``cross_correlation.npz`` + ``.png``. Recording and saving the matrices is
+  the engine's figure data (:mod:`fedshift.engine.figure_data`), the drawing the
+  report's (:func:`fedshift.report.figures.draw_correlations`). The authors' runs pay for no such
   figure data: every round it cost a tenth of a CPU round.
 
 :class:`FCCL` is also the base class of FCCL+ (:mod:`fedshift.methods.fccl_plus`),
@@ -48,16 +54,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Set, Tuple, Union
+from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..data.loading import normalize
 from ..engine.federation import frozen_copy
-from ..losses import cross_correlation, fccl_dual_distillation_loss, fccm_loss
+from ..engine.figure_data import check_corr, corr_due, correlation_matrices, save_correlations  # noqa: F401
+from ..engine.figure_data import sparse_rounds  # noqa: F401  (FCCL's schedule of the figure's rounds)
+from ..losses import fccl_dual_distillation_loss, fccm_loss
 from .base import METHODS
 from .homogeneous import AveragingMethod
 
@@ -126,7 +133,7 @@ class FCCLParams:
     teacher: Literal["previous", "collaborated"] = "previous"  # inter-domain teacher: theta^{t-1} (paper) or after colla.
     teacher_bn: Literal["eval", "train"] = "eval"  # teachers' BatchNorm: eval (CVPR code) or batch stats (FCCL+ code)
     fresh_optimizer: bool = True  # authors' code: a new Adam for every public batch (state reset each step)
-    homogeneous_averaging: Literal["auto", "none", "before_local", "after_local"] = "auto"  # auto: after local (Table 3)
+    homogeneous_averaging: Literal["auto", "none", "before_local", "after_local"] = "auto"  # auto: before local (printed Table 3 / XV); code: after_local
     averaging_weights: Literal["uniform", "samples"] = "uniform"  # authors' code averages uniformly
     corr_every: Union[int, Literal["sparse"]] = "sparse"  # Fig. 5 matrices: "sparse" = the figure's 5 rounds; k = every k rounds and the last; 0 = off
     corr_samples: int = 256  # public (and at most as many private) samples per matrix; the authors draw theirs from one public batch of 256
@@ -139,23 +146,6 @@ class FCCLParams:
         check_corr(self.corr_every, self.corr_samples)
 
 
-def check_corr(every, samples: int) -> None:
-    if (every != "sparse" and every < 0) or samples < 2:
-        raise ValueError(f"corr_every must be 'sparse' or >= 0 and corr_samples >= 2, got {every!r}, {samples}")
-
-
-def sparse_rounds(rounds: int, points: int = 5) -> Set[int]:
-    """First, last and evenly spaced rounds of 1..rounds, ``points`` in all (fewer if rounds < points)."""
-    return {int(r) for r in np.linspace(1, rounds, min(points, rounds)).round()}
-
-
-def corr_due(every, r: int, rounds: int) -> bool:
-    """Whether round ``r`` of ``rounds`` records the cross-correlation matrices."""
-    if every == "sparse":
-        return r in sparse_rounds(rounds)
-    return bool(every) and (r % every == 0 or r == rounds)
-
-
 @METHODS.register("fccl")
 class FCCL(AveragingMethod):
     """FCCL: FCCM on public logits, then CE + KL(previous-round model) + KL(pretrained model)."""
@@ -163,7 +153,7 @@ class FCCL(AveragingMethod):
     name = "fccl"
     Params = FCCLParams
     uses_public = True
-    paper_averaging = "after_local"  # CVPR Table 3 / authors' code: average after local updating
+    paper_averaging = "before_local"  # the printed Table XV / CVPR Table 3 rows (per participant); code: after_local (docs/fccl.md)
 
     # ---------------------------------------------------------------- set-up
     def needs_pretrained(self) -> bool:
@@ -318,84 +308,12 @@ class FCCL(AveragingMethod):
 
     def artifacts(self, out_dir: Path) -> None:
         """``cross_correlation.npz`` (rounds, participants, public/private: R x K x C x C) and a PNG."""
-        if not self._corr:
-            return
-        rounds = sorted(self._corr)
-        np.savez_compressed(Path(out_dir) / "cross_correlation.npz", rounds=np.array(rounds),
-                            participants=np.array(self._corr_names),
-                            public=np.stack([self._corr[r]["public"] for r in rounds]),
-                            private=np.stack([self._corr[r]["private"] for r in rounds]))
-        draw_correlations(self._corr, self._corr_names, Path(out_dir) / "cross_correlation.png",
-                          f"{self.name}: cross-correlation with the others' mean (FCCL+ Fig. 8)")
+        if save_correlations(self._corr, self._corr_names, out_dir):
+            from ..report.figures import draw_correlations  # matplotlib only when there is a figure
+
+            draw_correlations(self._corr, self._corr_names, Path(out_dir) / "cross_correlation.png",
+                              f"{self.name}: cross-correlation with the others' mean (FCCL+ Fig. 8)")
 
 
 def fed_device(c) -> torch.device:
     return next(c.model.parameters()).device
-
-
-def correlation_matrices(fed, samples: int) -> Dict[str, np.ndarray]:
-    """Each participant's cross-correlation (Eq. 1) with the others' mean logits, eval mode.
-
-    ``public``: on the first ``samples`` public images (no augmentation); ``private``:
-    on participant i's first ``samples`` private images, every model scoring them.
-    Returns arrays of shape (K, C, C). A constant logit column gives 0 (eps 1e-8).
-    """
-    clients = fed.clients
-    was = [c.model.training for c in clients]
-    for c in clients:
-        c.model.eval()
-
-    def against_others(zs: List[Tensor], i: int) -> Tensor:
-        others = torch.stack([z for j, z in enumerate(zs) if j != i]).mean(0)
-        return cross_correlation(zs[i], others, eps=1e-8)
-
-    b = fed.cfg.eval_batch
-
-    def logits(model, images: Tensor) -> Tensor:
-        return torch.cat([model(normalize(images[s:s + b])).float() for s in range(0, len(images), b)])
-
-    try:
-        with torch.inference_mode(), fed.amp():
-            pub = fed.data.public[:samples]
-            z_pub = [logits(c.model, pub) for c in clients]
-            public = torch.stack([against_others(z_pub, i) for i in range(len(clients))])
-            private = []
-            for i, c in enumerate(clients):
-                x = c.data.get("private")[0][:samples]
-                private.append(against_others([logits(m.model, x) for m in clients], i))
-            private = torch.stack(private)
-    finally:
-        for c, w in zip(clients, was):
-            c.model.train(w)
-    return {"public": public.float().cpu().numpy(), "private": private.float().cpu().numpy()}
-
-
-def draw_correlations(corr: Dict[int, Dict[str, np.ndarray]], names: List[str], path: Path, title: str,
-                      max_rounds: int = 5) -> None:
-    """Heatmaps like FCCL+ Fig. 8: rows = participants, per round a public and a private matrix."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    rounds = sorted(corr)
-    if len(rounds) > max_rounds:  # first, last and evenly spaced in between
-        idx = np.unique(np.linspace(0, len(rounds) - 1, max_rounds).round().astype(int))
-        rounds = [rounds[i] for i in idx]
-    k = len(names)
-    fig, axes = plt.subplots(k, 2 * len(rounds), figsize=(2.0 * 2 * len(rounds), 2.0 * k + 0.6), squeeze=False)
-    for col, r in enumerate(rounds):
-        for part, kind in enumerate(("public", "private")):
-            for i in range(k):
-                ax = axes[i, 2 * col + part]
-                im = ax.imshow(corr[r][kind][i], cmap="Blues", vmin=-1, vmax=1)
-                ax.set_xticks([])
-                ax.set_yticks([])
-                if i == 0:
-                    ax.set_title(f"round {r}\n{kind}", fontsize=8)
-                if col == 0 and part == 0:
-                    ax.set_ylabel(names[i], fontsize=8)
-    fig.suptitle(title, fontsize=9)
-    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.6)
-    fig.savefig(path, dpi=100)
-    plt.close(fig)

@@ -15,6 +15,25 @@ existed. The average is accumulated client by client (:class:`RunningAverage`), 
 ``engine.server_model`` (one working model shared by all clients) a round holds the
 working model, the global weights and one accumulator whatever the number of clients.
 :class:`ServerAveraging` is that round; FedMMD and FedFusion override its hooks.
+
+Which models are scored (``eval_models``, docs/fccl.md "Which models each table scores"):
+
+* ``global`` (default; McMahan 2017, FedMMD/FedFusion, FedH2L's FedAvg rows): the
+  server averages *after* local updating and every participant holds (and is scored
+  as) the averaged model.
+* ``local`` (the FCCL+ benchmark, Table XV and CVPR Table 3): the participants'
+  models are averaged at the *start* of the round (:meth:`ServerAveraging.collaborate`),
+  then every participant trains locally and keeps its model, and each participant is
+  scored with its own model after local updating. This is the authors' code:
+  ``fccl+/models/fedavg.py:31-35`` (also ``fedprox.py:32-36``, ``moon.py:37-43``) calls
+  ``aggregate_nets(None)`` at the start of ``loc_update``, ``None`` meaning uniform
+  1/K weights (``fccl+/models/utils/federated_model.py:56-57``), and
+  ``fccl+/utils/training.py:139-144`` evaluates every participant right after
+  ``loc_update``. The grids pair it with ``weighting: uniform``. The published table
+  carries the mark: with one shared model participant i's inter-domain accuracy would
+  be the mean of the others' intra-domain accuracies, and Table XV's differ by 5-30
+  points. ``local`` keeps one model per participant, so it refuses client sampling,
+  ``engine.server_model`` and ``engine.global_eval_every`` (no round-end global model).
 """
 
 from __future__ import annotations
@@ -24,7 +43,7 @@ from typing import Dict, List, Literal, Mapping, Optional, Sequence
 
 import torch
 
-from ..engine.fused import fused_round, masked_cross_entropy, use_fused
+from ..engine.fused import fused_local_update, fused_round, masked_cross_entropy, use_fused
 from ..engine.sampling import round_clients, unique_models
 from .base import METHODS, Method
 
@@ -85,6 +104,14 @@ class RunningAverage:
 class FedAvgParams:
     init: Literal["scratch", "base"] = "scratch"  # authors' baselines start from scratch
     weighting: Literal["samples", "uniform"] = "samples"  # McMahan 2017: weight by n_k
+    # global: score the round-end average (McMahan); local: average at the round's start, score each
+    # participant after local updating (FCCL+ authors' code, Table XV / CVPR Table 3; see module docstring)
+    eval_models: Literal["global", "local"] = "global"
+
+
+def eval_models(params) -> str:
+    """The ``eval_models`` protocol of a server-averaging method's params (``global`` when it has no such key)."""
+    return getattr(params, "eval_models", "global")
 
 
 class ServerAveraging(Method):
@@ -97,8 +124,26 @@ class ServerAveraging(Method):
     """
 
     requires_homogeneous = True
-    supports_sampling = True  # honours engine.clients_per_round / client_fraction
-    supports_server_model = True  # stateless clients: one shared working model is enough
+
+    @property
+    def supports_sampling(self) -> bool:
+        """Honours engine.clients_per_round / client_fraction (``global`` only: ``local`` scores every
+        participant's own model, which a client that sat out would not have trained)."""
+        return eval_models(self.p) == "global"
+
+    @property
+    def supports_server_model(self) -> bool:
+        """Stateless clients: one shared working model is enough (``global`` only)."""
+        return eval_models(self.p) == "global"
+
+    @property
+    def per_client_state(self) -> str:
+        """Why sampling / a shared model is refused (engine.sampling.check_engine); empty under ``global``."""
+        return "keeps and scores each participant's own model (eval_models: local)" if self.local_protocol else ""
+
+    @property
+    def local_protocol(self) -> bool:
+        return eval_models(self.p) == "local"
 
     def setup(self, fed) -> None:
         # One global model to start from: the first participant's random initialisation
@@ -114,6 +159,13 @@ class ServerAveraging(Method):
     def global_model(self, fed) -> torch.nn.Module:
         return fed.clients[0].model
 
+    def collaborate(self, fed, r: int) -> Dict[str, float]:
+        """``eval_models: local``: average every participant's model into each (the authors'
+        ``aggregate_nets(None)`` at the start of ``loc_update``); ``global``: nothing here."""
+        if self.local_protocol:
+            average_models(fed.clients, self.p.weighting)
+        return {}
+
     def begin_round(self, fed, r: int, global_state: Dict[str, torch.Tensor]) -> None:
         pass
 
@@ -123,7 +175,17 @@ class ServerAveraging(Method):
 
     def local_update(self, fed, r: int) -> Dict[str, float]:
         """The sampled clients train from the global model; their weighted average is accumulated
-        as they go (each client's model keeps its trained weights until :meth:`after_round`)."""
+        as they go (each client's model keeps its trained weights until :meth:`after_round`).
+        ``eval_models: local``: every participant trains from the average :meth:`collaborate` gave it
+        and keeps its trained model."""
+        if self.local_protocol:
+            global_state = {k: v.detach().clone() for k, v in fed.clients[0].model.state_dict().items()}
+            self.begin_round(fed, r, global_state)
+            self._next_global = None
+            if use_fused(fed, fed.clients):  # each participant from its own weights, one vmapped step
+                fed.fused_rounds = getattr(fed, "fused_rounds", 0) + 1
+                return fused_local_update(fed, fed.clients, objective=self.fused_objective(fed))
+            return fed.train_participants(loss_fn=lambda cl, x, y, s: self.local_loss(fed, cl, x, y, s))
         clients = round_clients(fed, r)
         global_state = {k: v.detach().clone() for k, v in fed.clients[0].model.state_dict().items()}
         self.begin_round(fed, r, global_state)
@@ -144,7 +206,9 @@ class ServerAveraging(Method):
         return losses
 
     def after_round(self, fed, r: int) -> None:
-        """Every model holds the new global model."""
+        """Every model holds the new global model (``eval_models: local``: each keeps its own)."""
+        if self.local_protocol:
+            return
         new, self._next_global = self._next_global, None
         for m in unique_models(fed):
             m.load_state_dict(new)

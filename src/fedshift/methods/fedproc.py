@@ -23,6 +23,10 @@ weights by their class counts). Prototypes are computed after local updating wit
 the local model in eval mode over all private data (MarsFL collects them from the
 train-mode features of the last local epoch). The local optimiser is Adam.
 
+Scoring: ``eval_models`` as :mod:`fedshift.methods.fedavg` (``local`` in the FCCL+
+grids). The prototypes come from every participant's own model, so FedProc refuses
+client sampling and ``engine.server_model`` at validation.
+
 State across rounds: the global prototypes (C x d) and which classes have one.
 """
 
@@ -44,6 +48,7 @@ from .fedavg import FedAvg
 class FedProcParams:
     init: Literal["scratch", "base"] = "scratch"  # authors' baselines start from scratch
     weighting: Literal["samples", "uniform"] = "samples"  # FedAvg: weight by n_k
+    eval_models: Literal["global", "local"] = "global"  # global: McMahan; local: FCCL+ authors' code (fedavg.py)
     alpha: float = 0.5  # weight of L_pc in (1-alpha) CE + alpha L_pc (FCCL+ Table VII)
     alpha_schedule: Literal["constant", "linear"] = "constant"  # FCCL+: constant; FedProc / MarsFL: 1 - r/(R-1)
     tau: float = 1.0  # similarity temperature (unstated in FCCL+; FedProc: none)
@@ -76,6 +81,11 @@ class FedProc(FedAvg):
 
     name = "fedproc"
     Params = FedProcParams
+    # Under engine.server_model (one shared model) or client sampling this state would be the last-trained
+    # client's, or the global model for the clients that sat out (issue 21 item 8): refused at validation.
+    supports_sampling = False
+    supports_server_model = False
+    per_client_state = "builds every participant's class prototypes from its own model"
 
     def setup(self, fed) -> None:
         super().setup(fed)

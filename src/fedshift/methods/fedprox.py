@@ -5,7 +5,10 @@ FedAvg whose local objective adds the proximal term ``(mu / 2) ||w - w_global||Â
 (:func:`fedshift.losses.prox_term`) over every trainable parameter, ``w_global`` being
 the model the participant received at the start of the round; mu = 0.01 (FCCL+
 Table VII). Everything else is :class:`~fedshift.methods.fedavg.FedAvg`: one global
-start, sample-weighted averaging of all parameters after local updating.
+start, sample-weighted averaging of all parameters after local updating, or, with
+``eval_models: local`` (the FCCL+ grids; ``fccl+/models/fedprox.py:32-36``), a uniform
+average at the start of the round, ``w_global`` being that average, and each
+participant scored after local updating.
 
 Kept: the proximal term and FedAvg's aggregation. Differs from the FedProx paper: no
 partial work (every participant runs the same number of local epochs, no stragglers
@@ -33,6 +36,7 @@ from .fedavg import FedAvg
 class FedProxParams:
     init: Literal["scratch", "base"] = "scratch"  # authors' baselines start from scratch
     weighting: Literal["samples", "uniform"] = "samples"  # FedAvg: weight by n_k
+    eval_models: Literal["global", "local"] = "global"  # global: McMahan; local: FCCL+ authors' code (fedavg.py)
     mu: float = 0.01  # proximal weight (FCCL+ Table VII)
 
     def __post_init__(self):

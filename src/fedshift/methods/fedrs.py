@@ -1,21 +1,28 @@
 """FedRS (Li & Zhan, "FedRS: Federated Learning with Restricted Softmax for Label
 Distribution Non-IID Data", KDD 2021), a counterpart of FCCL+ Table XV (homogeneous).
 
-FedAvg whose local cross-entropy uses a restricted softmax: the logits of classes
-absent from the participant's private data are scaled by alpha = 0.5 (FCCL+ Table
-VII), so the weights of missing classes get smaller updates
-(:func:`fedshift.losses.restricted_softmax_ce`). Everything else is
-:class:`~fedshift.methods.fedavg.FedAvg`.
+FedAvg whose local cross-entropy uses a restricted softmax: participant k's logit of
+class c is scaled by s_c before the softmax, so the classifier weights of classes the
+participant has few or no samples of get smaller updates. Two readings of s_c
+(``restriction``):
 
-Kept: the restriction of missing classes by alpha, computed once from each
-participant's private labels. Differs: FedRS scales the classifier's weight vectors
-of missing classes (``alpha * w_c``); scaling the logit also scales the class's bias,
-which the FedRS classifier does not have. Under pure domain shift (every participant
-holds every class, as on Digits and Office31 with the FCCL+ sizes), no class is
-missing and FedRS trains exactly as FedAvg: the method targets label-distribution
-skew, which FCCL+'s scenarios barely have.
+* ``count`` (the authors' code, default in the FCCL+ grids):
+  ``s_c = alpha + (1 - alpha) * n_c / max_k n_k`` with n_c the participant's private
+  count of class c, for *every* class (lxcnju/FedRepo ``algorithms/fedrs.py:53-56``
+  counts the classes, ``:185-189`` scales ``hs.mm(ws.T)`` by the normalised counts).
+  When every participant holds every class with unequal counts (Digits, Office31),
+  FedRS still differs from FedAvg.
+* ``missing`` (the paper's text, § 4: "restrict the logits of missing classes"):
+  ``s_c = alpha`` for classes absent from the private data, 1 otherwise; under pure
+  domain shift no class is missing and FedRS trains exactly as FedAvg.
 
-State: none across rounds (the class masks come from the private data).
+The scale multiplies ``w_c . h`` only: FedRepo's classifier has no bias
+(``networks/basic_nets.py:84``, ``bias=False``), ours has one, which stays unscaled
+(``z_c = s_c (w_c . h) + b_c``, :func:`fedshift.losses.restricted_logits`). alpha = 0.5
+(FCCL+ Table VII). Everything else is :class:`~fedshift.methods.fedavg.FedAvg`
+(``eval_models`` included).
+
+State: none across rounds (the scales come from the private labels).
 """
 
 from __future__ import annotations
@@ -25,7 +32,9 @@ from typing import Literal
 
 import torch
 
-from ..losses import restricted_softmax_ce
+import torch.nn.functional as F
+
+from ..losses import fedrs_class_scales, restricted_logits
 from .base import METHODS
 from .fedavg import FedAvg
 
@@ -34,7 +43,10 @@ from .fedavg import FedAvg
 class FedRSParams:
     init: Literal["scratch", "base"] = "scratch"  # authors' baselines start from scratch
     weighting: Literal["samples", "uniform"] = "samples"  # FedAvg: weight by n_k
-    alpha: float = 0.5  # scale of the missing classes' logits (FCCL+ Table VII; 1 = FedAvg)
+    alpha: float = 0.5  # the smallest logit scale (FCCL+ Table VII; 1 = FedAvg)
+    # count: s_c = alpha + (1 - alpha) n_c / max n (FedRepo code); missing: alpha for absent classes (paper text)
+    restriction: Literal["count", "missing"] = "count"
+    eval_models: Literal["global", "local"] = "global"  # see fedshift.methods.fedavg
 
     def __post_init__(self):
         if not 0.0 <= self.alpha <= 1.0:
@@ -46,9 +58,14 @@ def present_classes(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
     return torch.bincount(labels, minlength=num_classes) > 0
 
 
+def last_linear(model: torch.nn.Module) -> torch.nn.Linear:
+    """The classifier's final linear layer (whose bias the restriction leaves unscaled)."""
+    return [m for m in model.head.modules() if isinstance(m, torch.nn.Linear)][-1]
+
+
 @METHODS.register("fedrs")
 class FedRS(FedAvg):
-    """FedRS: FedAvg with a restricted softmax (missing classes' logits scaled by alpha)."""
+    """FedRS: FedAvg with a restricted softmax (class logits scaled by s_c, ``restriction``)."""
 
     name = "fedrs"
     Params = FedRSParams
@@ -56,7 +73,9 @@ class FedRS(FedAvg):
     def setup(self, fed) -> None:
         super().setup(fed)
         for c in fed.clients:
-            c.state["present"] = present_classes(c.data.get("private")[1], fed.num_classes)
+            counts = torch.bincount(c.data.get("private")[1], minlength=fed.num_classes)
+            c.state["scales"] = fedrs_class_scales(counts, self.p.alpha, self.p.restriction).to(fed.device)
 
     def local_loss(self, fed, client, x, y, step):
-        return restricted_softmax_ce(client.model(x), y, client.state["present"], self.p.alpha)
+        bias = last_linear(client.model).bias
+        return F.cross_entropy(restricted_logits(client.model(x), client.state["scales"], bias), y)

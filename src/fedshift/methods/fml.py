@@ -24,6 +24,13 @@ per parameter). The meme's architecture is ``meme_arch`` (default: participant 0
 architecture); it starts from its own seeded initialisation (``init: base`` loads
 the BASE checkpoints into the private models only).
 
+Homogeneous mode (FCCL+ § 4.4, CVPR § 4.1: "the model parameter averaging operation
+between collaborative updating and local updating" for every method of the table): on
+one shared architecture the private models too are averaged, uniformly, at the start
+of the round, before local updating (``homogeneous_averaging: auto``,
+:class:`~fedshift.methods.homogeneous.ParameterAveraging`; FML has no collaborative
+step before it, the memes are averaged after local updating as always).
+
 State across rounds: the global meme's weights and buffers.
 """
 
@@ -40,6 +47,7 @@ from ..losses import mutual_learning_losses
 from ..models import create_model
 from .base import METHODS, Method
 from .fedavg import weighted_average
+from .homogeneous import ParameterAveraging
 from .moon import model_state
 
 
@@ -50,6 +58,10 @@ class FMLParams:
     beta: float = 0.5  # CE weight of the meme model; 1 - beta on KL(local || meme) (FML paper: 0.5)
     meme_arch: str = ""  # the shared meme model's architecture ("": participant 0's)
     weighting: Literal["samples", "uniform"] = "samples"  # FedAvg of the memes: weight by n_k
+    # Homogeneous mode (FCCL+ § 4.4 / CVPR § 4.1: "the model parameter averaging operation between
+    # collaborative updating and local updating"): auto = before local updating on one shared architecture
+    homogeneous_averaging: Literal["auto", "none", "before_local", "after_local"] = "auto"
+    averaging_weights: Literal["uniform", "samples"] = "uniform"  # authors' aggregate_nets(None): uniform
 
     def __post_init__(self):
         for key in ("alpha", "beta"):
@@ -59,13 +71,14 @@ class FMLParams:
 
 
 @METHODS.register("fml")
-class FML(Method):
+class FML(ParameterAveraging, Method):
     """FML: private model + FedAvg-shared meme model, trained together by deep mutual learning."""
 
     name = "fml"
     Params = FMLParams
 
     def setup(self, fed) -> None:
+        self.resolve_averaging(fed)
         arch = self.p.meme_arch or fed.clients[0].arch
         kwargs = {} if fed.cfg.norm == "default" else {"norm": fed.cfg.norm}
         with torch.random.fork_rng(devices=[]):

@@ -1,11 +1,19 @@
-"""Homogeneous mode of the public-data methods: optional parameter averaging in the round.
+"""Homogeneous mode of the heterogeneous methods: optional parameter averaging in the round.
 
 FCCL+ (TPAMI § 4.4, Table XV) and FCCL (CVPR § 4.1, Table 3) run their heterogeneous
 methods on one shared architecture too, adding "the model parameter averaging
-operation between collaborative updating and local updating". The authors' code puts
-it at different places: FCCL+ (and its FedDF baseline) average *before* local
-updating; FCCL averages *after* local updating (having first saved the local models
-as next round's teachers). Both average with uniform weights.
+operation between collaborative updating and local updating" to *every* method of
+the table (FedMD, RCFL and FML included: :class:`ParameterAveraging`). The authors'
+code puts it at different places: FCCL+ (and its FedDF baseline) average *before*
+local updating (``fccl+/models/fcclplus.py:132-134``, ``feddf.py:71-73``); FCCL's
+``fccl+/models/fccl.py:106-113`` averages *after* local updating (having first saved
+the local models as next round's teachers). Both average with uniform weights
+(``aggregate_nets(None)``, ``fccl+/models/utils/federated_model.py:56-57``). The
+participants are scored right after local updating (``fccl+/utils/training.py:139-144``),
+so FCCL's code position would score one shared model, yet the printed FCCL row of
+Table XV is per-participant (Digits M->: inter 77.18 where one shared model gives the
+others' intra mean, 88.31): FCCL's default is therefore ``before_local`` too and the
+code's position is the named variant ``fccl_avg_after`` (docs/fccl.md).
 
 :class:`AveragingMethod` is the base of such methods. Its ``run_round`` is
 
@@ -65,26 +73,50 @@ def sync_start(fed) -> None:
         c.model.load_state_dict(state)
 
 
-class AveragingMethod(Method):
-    """A method whose round may average parameters before or after local updating."""
+class ParameterAveraging:
+    """Mixin (before :class:`~fedshift.methods.base.Method` in the bases): the round may average the
+    participants' parameters before or after local updating. Needs the Params keys
+    ``homogeneous_averaging`` and ``averaging_weights``; call :meth:`resolve_averaging` in ``setup``.
+    FedMD, RCFL and FML use it alone (they keep no public optimisers); :class:`AveragingMethod` adds those."""
 
     #: where the method's paper / authors' code averages in homogeneous mode
     paper_averaging: ClassVar[str] = "before_local"
 
     averaging: Optional[str] = None  # resolved position (None: no averaging)
 
-    def setup_averaging(self, fed) -> None:
+    def resolve_averaging(self, fed) -> None:
         """Resolve the position; when averaging, every participant starts from participant 0's weights.
 
         The authors' code does so in homogeneous mode whatever the start (random or
         BASE); averaging independent initialisations would shrink the weights.
         """
-        self._fed = fed
-        self._public_opts: Dict[str, torch.optim.Optimizer] = {}
         self.averaging = averaging_position(self.p.homogeneous_averaging, fed.homogeneous, self.paper_averaging,
                                             self.name)
         if self.averaging:
             sync_start(fed)
+
+    def average(self, fed) -> None:
+        average_models(fed.clients, self.p.averaging_weights)
+
+    def run_round(self, fed, r: int) -> Dict[str, float]:
+        metrics = dict(self.collaborate(fed, r) or {})
+        if self.averaging == "before_local":
+            self.average(fed)
+        metrics.update(self.local_update(fed, r) or {})
+        if self.averaging == "after_local":
+            self.average(fed)
+        self.after_round(fed, r)
+        return metrics
+
+
+class AveragingMethod(ParameterAveraging, Method):
+    """A public-data method whose round may average parameters before or after local updating."""
+
+    def setup_averaging(self, fed) -> None:
+        """:meth:`ParameterAveraging.resolve_averaging`, and the public-phase optimisers' table."""
+        self._fed = fed
+        self._public_opts: Dict[str, torch.optim.Optimizer] = {}
+        self.resolve_averaging(fed)
 
     def setup(self, fed) -> None:
         self.setup_averaging(fed)
@@ -102,9 +134,6 @@ class AveragingMethod(Method):
         for name, sd in state["public_opts"].items():
             opt = self._public_opts[name] = self._fed.make_optimizer(by_name[name].model, "public")
             opt.load_state_dict(sd)
-
-    def average(self, fed) -> None:
-        average_models(fed.clients, self.p.averaging_weights)
 
     def public_optimizer(self, fed, c):
         """Participant ``c``'s public-phase optimiser at this round's learning rate.
@@ -217,17 +246,6 @@ class AveragingMethod(Method):
         release_memory()  # engine.malloc_trim
         means = (totals / max(steps, 1)).tolist()
         return {f"{c.name}/train/{key}": v for c, v in zip(clients, means)}
-
-    def run_round(self, fed, r: int) -> Dict[str, float]:
-        metrics = dict(self.collaborate(fed, r) or {})
-        if self.averaging == "before_local":
-            self.average(fed)
-        metrics.update(self.local_update(fed, r) or {})
-        if self.averaging == "after_local":
-            self.average(fed)
-        self.after_round(fed, r)
-        return metrics
-
 
 def _detach(out):
     """Detach a tensor or a tuple/list of tensors."""

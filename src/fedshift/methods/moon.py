@@ -6,8 +6,22 @@ Eq. 3 (:func:`fedshift.losses.moon_contrastive_loss`): the representation ``z`` 
 local model is pulled toward ``z_glob`` of the global model received this round
 (positive pair) and pushed from ``z_prev`` of the participant's own model at the end
 of its previous local updating (negative pair), cosine similarities at temperature
-tau. tau = 0.5, mu = 1 (FCCL+ Table VII; Table XV also prints rows "MOON (tau=5)" and
-"(tau=1)": variants ``moon_tau5`` / ``moon_tau1`` in params/papers/fccl_plus_table15.yaml).
+tau. tau = 0.5, mu = 1 (FCCL+ Table VII).
+
+Table XV's rows "MOON (tau=5)" and "MOON (tau=1)" vary the loss weight mu at tau 0.5:
+the authors' ``fccl+/models/moon.py`` divides the similarities by a hard-coded 0.5
+(:65) and exposes only ``con_loss_weight`` (:27, :68), i.e. mu; and the tau=5 row sits
+9.4 points below FedAvg, which a temperature of 5 (a near-zero contrastive gradient)
+cannot produce. Variants ``moon_tau5`` = {mu: 5} and ``moon_tau1`` = {mu: 1} in
+params/papers/fccl_plus_table15*.yaml; the temperature reading is kept as
+``moon_temp5`` / ``moon_temp1`` = {tau: 5} / {tau: 1}.
+
+Scoring (``eval_models``, :mod:`fedshift.methods.fedavg`): the FCCL+ grids score each
+participant's model after local updating, averaged uniformly at the round's start
+(``moon.py:37-43``: ``aggregate_nets(None)`` first, ``copy_nets2_prevnets`` after
+training); the previous model is then the participant's own local model either way.
+Per-participant state makes MOON refuse client sampling and ``engine.server_model``
+at validation.
 
 Kept: the two pairs, the temperature and the weight; the global and previous models
 run in eval mode without gradient; in the first round there is no previous local
@@ -43,6 +57,7 @@ from .fedavg import FedAvg
 class MOONParams:
     init: Literal["scratch", "base"] = "scratch"  # authors' baselines start from scratch
     weighting: Literal["samples", "uniform"] = "samples"  # FedAvg: weight by n_k
+    eval_models: Literal["global", "local"] = "global"  # global: McMahan; local: FCCL+ authors' code (fedavg.py)
     tau: float = 0.5  # temperature of the model-contrastive loss (FCCL+ Table VII; MOON: 0.5)
     mu: float = 1.0  # weight of the model-contrastive loss (FCCL+ Table VII; MOON: 1 or 5)
 
@@ -69,6 +84,11 @@ class MOON(FedAvg):
 
     name = "moon"
     Params = MOONParams
+    # Under engine.server_model (one shared model) or client sampling this state would be the last-trained
+    # client's, or the global model for the clients that sat out (issue 21 item 8): refused at validation.
+    supports_sampling = False
+    supports_server_model = False
+    per_client_state = "keeps every participant's previous local model (the negative pair)"
 
     def setup(self, fed) -> None:
         super().setup(fed)

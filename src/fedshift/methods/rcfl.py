@@ -25,6 +25,13 @@ class (FCCL+'s scenarios) the class-wise average is the plain average of the
 participants' probabilities. RCFL's activity-recognition models, label-set
 mapping and on-device resource budget are not part of the benchmark.
 
+Homogeneous mode (FCCL+ § 4.4, CVPR § 4.1: "the model parameter averaging operation
+between collaborative updating and local updating" for every method of the table): on
+one shared architecture the participants are averaged uniformly after the
+distillation and before local updating (``homogeneous_averaging: auto``,
+:class:`~fedshift.methods.homogeneous.ParameterAveraging`), the position of every
+method in the FCCL+ code; the scores are then taken from the local models.
+
 State across rounds: the scored public indices and the aggregated scores.
 """
 
@@ -40,6 +47,7 @@ from ..data.loading import normalize
 from ..losses import classwise_aggregate, soft_target_loss
 from .base import METHODS, Method
 from .fedmd import digest
+from .homogeneous import ParameterAveraging
 
 
 @dataclass(frozen=True)
@@ -48,6 +56,10 @@ class RCFLParams:
     public_subset: int = 5000  # public samples scored per round (FedMD's 5,000; FCCL+ public sets hold 5,000)
     distill_epochs: int = 1  # passes toward the aggregated scores per round (FedMD's digest: 1)
     tau: float = 1.0  # temperature of the scores and of the distillation (unstated in RCFL; T² scaling)
+    # Homogeneous mode (FCCL+ § 4.4 / CVPR § 4.1: "the model parameter averaging operation between
+    # collaborative updating and local updating"): auto = before local updating on one shared architecture
+    homogeneous_averaging: Literal["auto", "none", "before_local", "after_local"] = "auto"
+    averaging_weights: Literal["uniform", "samples"] = "uniform"  # authors' aggregate_nets(None): uniform
 
     def __post_init__(self):
         if self.public_subset < 2 or self.distill_epochs < 0 or self.tau <= 0:
@@ -55,7 +67,7 @@ class RCFLParams:
 
 
 @METHODS.register("rcfl")
-class RCFL(Method):
+class RCFL(ParameterAveraging, Method):
     """RCFL: class-wise aggregated public class scores, distilled back into every participant."""
 
     name = "rcfl"
@@ -63,6 +75,7 @@ class RCFL(Method):
     uses_public = True
 
     def setup(self, fed) -> None:
+        self.resolve_averaging(fed)
         self._device = fed.device
         self.index: Optional[torch.Tensor] = None  # public indices scored last round (CPU, int64)
         self.scores: Optional[torch.Tensor] = None  # (n, C) aggregated scores on them

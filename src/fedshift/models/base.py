@@ -22,7 +22,8 @@ from torch import nn
 
 from ..registry import Registry
 
-MODELS: Registry[Callable[..., "FedModel"]] = Registry("model")
+MODELS: Registry[Callable[..., "FedModel"]] = Registry(
+    "model", group="fedshift.models", check=lambda obj: "" if callable(obj) else "not a callable model factory")
 
 
 def make_norm(kind: str, channels: int) -> nn.Module:

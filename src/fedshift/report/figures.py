@@ -5,7 +5,9 @@
 * :func:`domain_heatmap`: participant x evaluated-domain accuracy (mean of the last k
   rounds), one panel per method; the diagonal is intra-domain, the rest inter-domain.
 * :func:`cross_correlation_figure`: FCCL's cross-correlation matrices (``cross_correlation.npz``
-  of a run) on a diverging colour map over [-1, 1] (0 = white), first and last round.
+  of a run) on a diverging colour map over [-1, 1] (0 = white), first and last round;
+  :func:`draw_correlations`: the run's own ``cross_correlation.png`` (FCCL+ Fig. 8 style),
+  from the matrices the engine recorded (:mod:`fedshift.engine.figure_data`).
 * :func:`ablation_bars`: one bar per method/variant of an ablation table, inter and intra,
   with the std over seeds as error bars.
 * :func:`feature_embedding`: t-SNE (or PCA) of the features of several models on the same
@@ -157,6 +159,33 @@ def cross_correlation_figure(npz: Path, path: Path, title: str, rounds: Optional
                  label="cross-correlation")
     fig.suptitle(title, fontsize=9)
     fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+
+
+def draw_correlations(corr: Dict[int, Dict[str, np.ndarray]], names: List[str], path: Path, title: str,
+                      max_rounds: int = 5) -> None:
+    """Heatmaps like FCCL+ Fig. 8: rows = participants, per round a public and a private matrix."""
+    plt = _plt()
+    rounds = sorted(corr)
+    if len(rounds) > max_rounds:  # first, last and evenly spaced in between
+        idx = np.unique(np.linspace(0, len(rounds) - 1, max_rounds).round().astype(int))
+        rounds = [rounds[i] for i in idx]
+    k = len(names)
+    fig, axes = plt.subplots(k, 2 * len(rounds), figsize=(2.0 * 2 * len(rounds), 2.0 * k + 0.6), squeeze=False)
+    for col, r in enumerate(rounds):
+        for part, kind in enumerate(("public", "private")):
+            for i in range(k):
+                ax = axes[i, 2 * col + part]
+                im = ax.imshow(corr[r][kind][i], cmap="Blues", vmin=-1, vmax=1)
+                ax.set_xticks([])
+                ax.set_yticks([])
+                if i == 0:
+                    ax.set_title(f"round {r}\n{kind}", fontsize=8)
+                if col == 0 and part == 0:
+                    ax.set_ylabel(names[i], fontsize=8)
+    fig.suptitle(title, fontsize=9)
+    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.6)
+    fig.savefig(path, dpi=100)
     plt.close(fig)
 
 

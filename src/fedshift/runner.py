@@ -1,5 +1,9 @@
 """Run one job from its resolved config file: a BASE pretraining or a federated run.
 
+The composition floor: it builds the data, the models and the method from a config and
+drives the engine (:mod:`fedshift.engine`), so it stands above ``methods/`` (which stand
+on the engine); nothing below imports it (layers: docs/extending.md, tests/test_layers.py).
+
 A job writes into a temporary folder beside its output folder and renames it into
 place at the end, so a failed or interrupted job never leaves files a rerun would
 take for finished. Outputs (the source of truth for Snakemake and the report):
@@ -29,16 +33,17 @@ from typing import Any, Dict, List, Optional, Union
 
 import torch
 
-from ..data import store
-from ..data.loading import load_federated
-from ..errors import ConfigError
-from ..models import create_model
-from . import checkpoint, h2l_metrics
-from .config import EngineConfig, PretrainConfig, check_cuda, malloc_keep_mb
-from .cpu import check_bf16, set_trim, tune_allocator
-from .federation import Federation, derive_seeds, resolve_device, summarise
-from . import fused
-from .sampling import GlobalEvaluator, check_engine
+from .data import store
+from .data.loading import load_federated
+from .engine import checkpoint, fused, h2l_metrics
+from .engine.config import EngineConfig, PretrainConfig, check_cuda, malloc_keep_mb
+from .engine.cpu import check_bf16, set_trim, tune_allocator
+from .engine.federation import Federation, derive_seeds, resolve_device, summarise
+from .engine.sampling import GlobalEvaluator, check_engine
+from .errors import ConfigError
+from .methods import create_method
+from .models import create_model
+from .tracking import NullTracker
 
 log = logging.getLogger(__name__)
 
@@ -159,9 +164,6 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
 
     Resumes from ``<out_dir>.partial/checkpoint.pt`` when it belongs to the same config.
     """
-    from ..methods import create_method
-    from ..tracking import NullTracker
-
     tracker = tracker or NullTracker()
     out_dir = Path(out_dir)
     check_writable(out_dir)
@@ -300,7 +302,6 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     """
     from dataclasses import replace
 
-    from ..tracking import NullTracker
     tracker = tracker or NullTracker()
     out_dir = Path(out_dir)
     check_writable(out_dir)

@@ -1,0 +1,311 @@
+"""Plugins from outside packages (entry points): the example method's loss and state, the
+registry's handling of good, broken and clashing plugins, and the example package installed
+by pip and run through Snakemake (kill -9, resume, report, MLflow)."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+import yaml
+
+from conftest import REPO
+from helpers import tiny_federation
+
+from fedshift.errors import ConfigError
+from fedshift.registry import Registry
+
+EXAMPLE = REPO / "examples/fedprox_adaptive"
+BIN = Path(sys.executable).parent
+
+
+@pytest.fixture
+def plugin(monkeypatch):
+    """The example plugin's module, imported from its folder (the e2e test installs it with pip)."""
+    monkeypatch.syspath_prepend(str(EXAMPLE))
+    return importlib.import_module("fedprox_adaptive")
+
+
+# ------------------------------------------------------------------- the example method
+def test_prox_loss_matches_independent_formula(plugin):
+    g = torch.Generator().manual_seed(0)
+    logits, y = torch.randn(6, 5, generator=g), torch.tensor([0, 1, 2, 3, 4, 0])
+    params = [torch.randn(3, 4, generator=g), torch.randn(7, generator=g)]
+    anchor = [torch.randn(3, 4, generator=g), torch.randn(7, generator=g)]
+    mu = 0.3
+    z = logits.double().numpy()
+    ce = np.mean(np.log(np.exp(z).sum(1)) - z[np.arange(6), y.numpy()])
+    prox = sum(((p.double().numpy() - a.double().numpy()) ** 2).sum() for p, a in zip(params, anchor))
+    got = plugin.prox_loss(logits, y, params, anchor, mu)
+    assert got.item() == pytest.approx(ce + 0.5 * mu * prox, rel=1e-5)
+    assert plugin.prox_loss(logits, y, params, anchor, 0.0).item() == pytest.approx(ce, rel=1e-5)
+    w = [p.clone().requires_grad_() for p in params]  # gradient of the prox part: mu * (w - a)
+    plugin.prox_loss(logits, y, w, anchor, mu).backward()
+    assert torch.allclose(w[0].grad, mu * (params[0] - anchor[0]), atol=1e-5)
+    with pytest.raises(ValueError, match="2 parameters but 1 anchors"):
+        plugin.prox_loss(logits, y, params, anchor[:1], mu)
+
+
+def test_next_mu_rule(plugin):
+    nm = lambda mu, loss, prev, streak: plugin.next_mu(mu, loss, prev, streak, 0.1, 3, 1.0)  # noqa: E731
+    assert nm(0.5, 2.0, 1.0, 2) == pytest.approx((0.6, 0))  # loss rose: up one step, streak restarts
+    assert nm(0.5, 1.0, 2.0, 0) == (0.5, 1)  # first decrease: unchanged
+    assert nm(0.5, 1.0, 2.0, 2) == pytest.approx((0.4, 0))  # third decrease in a row: down one step
+    assert nm(1.0, 2.0, 1.0, 0) == (1.0, 0)  # clipped at mu_max
+    assert nm(0.05, 1.0, 2.0, 2) == (0.0, 0)  # clipped at 0
+    assert nm(1.0, 5.0, float("inf"), 0) == (1.0, 1)  # round 1: no previous loss
+
+
+def test_example_state_round_trip_and_resume(plugin, tiny_data):
+    def fresh():
+        fed = tiny_federation(tiny_data, ("lenet", "lenet"), public_aug="none", rounds=3)
+        m = plugin.FedProxAdaptive(plugin.FedProxAdaptiveParams(mu=0.5, step=0.2, patience=1))
+        m.setup(fed)
+        return fed, m
+
+    fed, m = fresh()
+    metrics = [m.run_round(fed, r) for r in (1, 2)]
+    assert metrics[0]["fedprox_adaptive/mu"] == 0.5 and metrics[1]["fedprox_adaptive/mu"] != 0.5
+    state = m.state_dict()
+    fed2, m2 = fresh()
+    m2.load_state_dict(torch.load(_roundtrip(state), weights_only=True))
+    assert m2.state_dict() == state
+    for c, c2 in zip(fed.clients, fed2.clients):  # the engine restores the weights; then round 3 agrees
+        c2.model.load_state_dict(c.model.state_dict())
+    fed2.set_rng_state(fed.rng_state())
+    assert m2.run_round(fed2, 3) == m.run_round(fed, 3)
+
+
+def _roundtrip(obj):
+    import io
+
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    buf.seek(0)
+    return buf
+
+
+# ------------------------------------------------------------------- the registry
+def _dist(site: Path, pkg: str, group: str, entries: dict, modules: dict) -> None:
+    """An installed distribution as pip leaves it: a dist-info with METADATA and entry_points.txt."""
+    info = site / f"{pkg.replace('-', '_')}-1.0.dist-info"
+    info.mkdir(parents=True)
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {pkg}\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text(f"[{group}]\n" + "".join(f"{k} = {v}\n" for k, v in entries.items()))
+    for name, src in modules.items():
+        (site / f"{name}.py").write_text(src)
+
+
+def test_registry_loads_good_plugins_and_leaves_bad_ones_out(tmp_path, monkeypatch, caplog):
+    group = "fedshift_test.things"
+    _dist(tmp_path, "good-things", group, {"triple": "good_mod:triple"}, {"good_mod": "def triple(x):\n    return 3 * x\n"})
+    _dist(tmp_path, "broken-things", group, {"broken": "broken_mod:f"}, {"broken_mod": "import no_such_module_xyz\n"})
+    _dist(tmp_path, "clashing-things", group, {"double": "clash_mod:double"}, {"clash_mod": "def double(x):\n    return x\n"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reg = Registry("thing", group=group)
+    reg.add("double", lambda x: 2 * x)  # a built-in
+    assert reg.names() == ["double", "triple"]
+    assert reg.get("triple")(2) == 6 and reg.get("double")(2) == 4  # the built-in keeps its name
+    assert reg.origin("triple") == "plugin good-things 1.0 (good_mod:triple)"
+    assert reg.origin("double").startswith("built-in ")
+    with pytest.raises(ConfigError) as exc:
+        reg.get("broken", key="grid[0].things")
+    msg = str(exc.value)
+    assert len(msg.splitlines()) == 1 and msg.startswith("grid[0].things: thing plugin 'broken'")
+    assert "broken-things 1.0" in msg and "ModuleNotFoundError: No module named 'no_such_module_xyz'" in msg
+    clash = reg.broken["double"]
+    assert "clashing-things 1.0" in clash and "clashes with the thing of that name already registered" in clash
+    warned = [r.getMessage() for r in caplog.records if r.name == "fedshift.plugins"]
+    assert len(warned) == 2 and all(len(w.splitlines()) == 1 for w in warned)
+
+
+def test_registry_checks_what_a_plugin_gives(tmp_path, monkeypatch):
+    group = "fedshift_test.methods"
+    _dist(tmp_path, "odd-methods", group, {"not_a_method": "odd_mod:value", "misnamed": "odd_mod:Named"},
+          {"odd_mod": "value = 3\nclass Named:\n    name = 'other'\n"})
+    monkeypatch.syspath_prepend(str(tmp_path))
+    reg = Registry("method", group=group, check=lambda obj: "" if isinstance(obj, type) else "not a class")
+    assert reg.names() == []
+    assert reg.broken["not_a_method"].endswith(": not a class")
+    assert "its object is named 'other'" in reg.broken["misnamed"]
+
+
+def _env(**extra):
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", MLFLOW_DISABLE_TELEMETRY="true", **extra)
+    env.pop("FEDSHIFT_TRACKING", None)
+    env.pop("MLFLOW_TRACKING_URI", None)
+    return env
+
+
+def test_cli_marks_plugins_and_a_broken_one_is_one_line(tmp_path):
+    site = tmp_path / "site"
+    _dist(site, "broken-plugin", "fedshift.methods", {"half_baked": "half_baked:Method"},
+          {"half_baked": "raise RuntimeError('half baked\\nsecond line')\n"})
+    env = _env(PYTHONPATH=f"{site}{os.pathsep}{EXAMPLE}")
+    shutil.copytree(EXAMPLE / "", site, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.toml", "*.md"))
+    _dist(site, "fedshift-fedprox-adaptive", "fedshift.methods", {"fedprox_adaptive": "fedprox_adaptive:FedProxAdaptive"}, {})
+    res = subprocess.run([sys.executable, "-m", "fedshift.cli", "list", "methods"], env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert "fedavg" in lines and "fedprox_adaptive\t[plugin fedshift-fedprox-adaptive 1.0]" in lines
+    err = [l for l in res.stderr.splitlines() if "half_baked" in l]
+    assert len(err) == 1 and "broken-plugin 1.0" in err[0] and "RuntimeError: half baked" in err[0]
+    assert "Traceback" not in res.stderr
+    grid = {"grid": [{"scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": ["fedavg", "fedprox_adaptive"],
+                      "structures": ["homo_lenet"], "seeds": [0]}]}
+    validate = [sys.executable, "-m", "fedshift.cli", "validate", "--experiments", str(tmp_path / "e.yaml"),
+                "--data-params", str(REPO / "params/data.yaml")]
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump(grid))
+    res = subprocess.run(validate, env=env, capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr  # the plugin beside a built-in (and the broken one unasked: no error)
+    grid["grid"][0]["methods"] = ["half_baked"]
+    (tmp_path / "e.yaml").write_text(yaml.safe_dump(grid))
+    res = subprocess.run(validate, env=env, capture_output=True, text=True)
+    last = res.stderr.strip().splitlines()[-1]
+    assert res.returncode == 2 and last.startswith("fedshift: error: ") and "broken-plugin 1.0" in last
+    assert "Traceback" not in res.stderr
+
+
+# ------------------------------------------------- installed by pip, run by Snakemake
+TINY_DATA = {  # as the session's tiny_data build (conftest.py)
+    "mirror": None,
+    "datasets": ["mnist5k", "photo_patches"],
+    "dataset_params": {"photo_patches": {"n": 400}},
+    "public": {"photo_patches": {"n": 256}},
+    "scenarios": {"rotmnist": {"source": "mnist5k", "per_class": 20, "alpha": 0.1, "val": 0.1, "test": 0.25}},
+}
+ROUNDS = 3
+TINY_GRID = {  # the embedded default's data (rotmnist x photo_patches), tiny rounds, every round checkpointed
+    "engine": {"rounds": ROUNDS, "local_epochs": 1, "local_batch": 32, "device": "cpu", "threads": 1,
+               "checkpoint_every": 1, "checkpoint_min_s": 0},
+    "methods": {"fedprox_adaptive": {"mu": 0.5, "patience": 2}},
+    "grid": [{"name": "plugin", "scenarios": ["rotmnist"], "public": ["photo_patches"],
+              "methods": ["fedprox_adaptive"], "structures": ["homo_lenet"], "seeds": [0]}],
+    "report": {"title": "plugin"},
+}
+
+
+def _run(cmd, cwd, env, check=True):
+    res = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600, shell=True)
+    if check and res.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({res.returncode}):\n{res.stdout[-3000:]}\n{res.stderr[-5000:]}")
+    return res
+
+
+def _job_pids(cwd: Path, words):
+    """Processes running in ``cwd`` whose command line holds every word (the job this test's
+    Snakemake started; never another test run's)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if not proc.name.isdigit() or Path(os.readlink(proc / "cwd")) != cwd.resolve():
+                continue
+            cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except (OSError, ValueError):
+            continue
+        if all(w in cmd for w in words) and "/bin/sh" not in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.slow
+def test_plugin_installed_by_pip_runs_through_snakemake_resumes_and_reports(tmp_path, tiny_data):
+    # pip builds and installs the example package (its own pyproject) into a folder on PYTHONPATH
+    src = tmp_path / "pkg"
+    shutil.copytree(EXAMPLE, src)  # pip's build leaves build/ + egg-info beside the sources: not in the repo
+    site = tmp_path / "site"
+    _run(f"{sys.executable} -m pip install -q --no-deps --no-build-isolation --no-index --target {site} {src}",
+         tmp_path, _env())
+    env = _env(PYTHONPATH=str(site))
+    from importlib import metadata
+
+    (dist,) = metadata.distributions(path=[str(site)])  # what pip wrote: the entry point fedshift reads
+    assert dist.name == "fedshift-fedprox-adaptive" and [(e.group, e.name, e.value) for e in dist.entry_points] == [
+        ("fedshift.methods", "fedprox_adaptive", "fedprox_adaptive:FedProxAdaptive")]
+
+    # the pipeline files; the data are the real stages' outputs of the session's tiny build
+    # (the DVC stages themselves are tested in test_workflow.py), so Snakemake's dvc rule has nothing to do
+    root = tmp_path / "project"
+    root.mkdir()
+    for name in ("dvc.yaml", ".dvcignore", "environment.yml"):
+        shutil.copy(REPO / name, root / name)
+    shutil.copytree(REPO / "workflow", root / "workflow", ignore=shutil.ignore_patterns(".snakemake"))
+    (root / "params").mkdir()
+    (root / "params/experiments.yaml").write_text(yaml.safe_dump(TINY_GRID))
+    (root / "params/data.yaml").write_text(yaml.safe_dump(TINY_DATA))
+    for part in ("partitions/rotmnist", "public/photo_patches"):
+        shutil.copytree(tiny_data / part, root / "build" / part)
+    _run("git init -q .", root, env)
+
+    # kill -9 the plugin's job once it has checkpointed a round; Snakemake records the failure
+    run_dir = root / "results/federate/rotmnist/photo_patches/fedprox_adaptive/homo_lenet/seed0"
+    ckpt = Path(f"{run_dir}.partial") / "checkpoint.pt"
+    proc = subprocess.Popen("snakemake --cores 1", cwd=root, env=env, shell=True, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.05)
+    victims = _job_pids(root, ["fedshift", "federate", "fedprox_adaptive"])
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    out = proc.communicate(timeout=120)[0]
+    assert victims and proc.returncode != 0, out[-3000:]
+    assert ckpt.exists() and not (run_dir / "metrics.json").exists(), "the job was not stopped mid-run"
+
+    _run("snakemake --cores 1", root, env)  # the same command again: the job resumes from its checkpoint
+    metrics = yaml.safe_load((run_dir / "metrics.json").read_text())
+    resumed = metrics["timings"]["resumed_after_rounds"]
+    assert len(resumed) == 1 and 1 <= resumed[0] < ROUNDS
+    assert not Path(f"{run_dir}.partial").exists()
+
+    df = pd.read_csv(root / "results/collect/runs.csv")
+    assert set(df["method"]) == {"fedprox_adaptive"}
+    assert sorted(df["round"].unique()) == list(range(ROUNDS + 1))
+    table = pd.read_csv(root / "results/report/table_inter__rotmnist__photo_patches__homo_lenet.csv", index_col=0)
+    assert list(table.index) == ["fedprox_adaptive"]
+    assert "| fedprox_adaptive |" in (root / "results/report/report.md").read_text()
+
+    import mlflow
+
+    client = mlflow.MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    runs = client.search_runs([client.get_experiment_by_name("rotmnist").experiment_id], max_results=50)
+    assert len(runs) == 1, "the resumed job logs into the run it started"
+    run = runs[0]
+    assert run.info.status == "FINISHED" and run.data.tags["wildcard.method"] == "fedprox_adaptive"
+    assert run.data.params["method_params.patience"] == "2"
+    assert sorted(m.step for m in client.get_metric_history(run.info.run_id, "avg/inter/top1")) == list(range(ROUNDS + 1))
+    mu = client.get_metric_history(run.info.run_id, "fedprox_adaptive/mu")
+    assert sorted(m.step for m in mu) == list(range(1, ROUNDS + 1)) and min(mu, key=lambda m: m.step).value == 0.5
+
+
+def test_the_documented_groups_are_the_registries_groups():
+    """docs/extending.md and the example's pyproject name these groups; the registries must read them."""
+    from fedshift.data import DATASETS, PUBLIC_SETS, SCENARIOS
+    from fedshift.methods import METHODS
+    from fedshift.models import MODELS
+
+    groups = {"fedshift.methods": METHODS, "fedshift.models": MODELS, "fedshift.scenarios": SCENARIOS,
+              "fedshift.public_sets": PUBLIC_SETS, "fedshift.datasets": DATASETS}
+    doc = (REPO / "docs/extending.md").read_text()
+    for group, reg in groups.items():
+        assert reg.group == group and f"`{group}`" in doc
+    assert '[project.entry-points."fedshift.methods"]' in (EXAMPLE / "pyproject.toml").read_text()
+
+
+def test_list_where_names_the_module_that_registered_each_name(capsys):
+    from fedshift.cli import main
+
+    assert main(["list", "methods", "--where"]) == 0
+    assert "fedavg\tbuilt-in fedshift.methods.fedavg" in capsys.readouterr().out.splitlines()
+    assert main(["list", "scenarios", "--where"]) == 0
+    assert "rotmnist\tbuilt-in fedshift.data.scenarios.rotmnist" in capsys.readouterr().out.splitlines()
