@@ -206,3 +206,10 @@ def test_fused_equals_sequential_under_eval_models_local(method, monkeypatch):
         for k, v in a.model.state_dict().items():
             torch.testing.assert_close(b.model.state_dict()[k], v, rtol=1e-9, atol=1e-11)
     assert not torch.equal(seq.clients[0].model.head.weight, seq.clients[1].model.head.weight)  # own models kept
+
+
+def test_auto_does_not_fuse_the_stepwise_nodes_on_cpu():
+    fuse, why = fused.fusion_decision("auto", create_method("fedh2l"), ["lenet"] * 4, _models("lenet"), "cpu")
+    assert not fuse and "fuses by auto only on cuda" in why
+    assert fused.fusion_decision("auto", create_method("ind"), ["lenet"] * 4, _models("lenet"), "cuda")[0]
+    assert fused.fusion_decision("on", create_method("agg"), ["lenet"] * 4, _models("lenet"), "cpu")[0]

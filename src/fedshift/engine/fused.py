@@ -324,6 +324,10 @@ def fusion_decision(mode: str, method, archs: Sequence[str], models: Sequence[nn
         if mode == "on":
             raise ConfigError(f"engine.fused_clients: on cannot fuse: {obstacle}; use fused_clients: auto or off")
         return False, f"auto fell back: {obstacle}"
+    only = getattr(method, "fused_auto_devices", None)  # a method measured slower fused on some devices
+    if mode == "auto" and only is not None and device_type not in only:
+        return False, (f"auto fell back: method {method.name!r} fuses by auto only on {', '.join(only)} "
+                       f"(measured slower fused on {device_type})")
     if mode == "auto" and not auto_fuses(device_type, models[0]):
         return False, (f"auto fell back: on {device_type} fusion pays off only up to "
                        f"{AUTO_MAX_PARAMS.get(device_type, 0):,} parameters (benchmarks/results/clients_fused_cpu.md)")
