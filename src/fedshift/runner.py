@@ -35,7 +35,7 @@ import torch
 
 from .data import store
 from .data.loading import load_federated
-from .engine import checkpoint, h2l_metrics
+from .engine import checkpoint, fused, h2l_metrics
 from .engine.config import EngineConfig, PretrainConfig, check_cuda, malloc_keep_mb
 from .engine.cpu import check_bf16, set_trim, tune_allocator
 from .engine.federation import Federation, derive_seeds, resolve_device, summarise
@@ -196,6 +196,7 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     fed.base_models = [b.to(device) for b in base_models] if base_models else None
     fed.method_name = cfg["method"]
     method.setup(fed)
+    fused.decide_for_run(fed, method, log)  # engine.fused_clients: logs once which path trains the clients
     tracker.set_tags({f"data.{k}": v for k, v in data.manifests.items()})
     cfg_hash = checkpoint.config_hash(cfg)
     partial = checkpoint.partial_dir(out_dir)

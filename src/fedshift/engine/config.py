@@ -74,7 +74,7 @@ class EngineConfig:
     # CUDA bf16 autocast of local steps; auto = per model family (levers.AMP_BY_FAMILY)
     amp: Union[bool, Literal["off", "bf16", "auto"]] = "off"
     cudnn_benchmark: bool = False  # cuDNN autotuning (slower first round)
-    # torch.func-batched clients for FedAvg-style methods (engine/fused.py); auto = on CUDA only
+    # torch.func-batched clients (engine/fused.py, docs/fused_clients.md); auto = CUDA always, CPU up to 200k parameters
     fused_clients: Union[bool, Literal["off", "on", "auto"]] = "off"
     # -- many-client label-skew runs (FedMMD/FedFusion, Yao et al. 2019; FedAvg, McMahan et al. 2017) --
     clients_per_round: int = 0  # clients sampled each round (seeded, recorded); 0 = every client (FCCL+ protocol)

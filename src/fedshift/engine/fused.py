@@ -224,8 +224,8 @@ def train_clients_fused(model: nn.Module, client_batches: Sequence[Iterable[Batc
     params = stack_states(states, names)
     objective = objective or masked_cross_entropy
 
-    def call(p: Dict[str, Tensor], x: Tensor) -> Tensor:
-        return functional_call(model, (p, buffers), (x,))
+    def call(p: Dict[str, Tensor], x: Tensor, *args) -> Tensor:  # args: extra forward inputs (FedFusion's map)
+        return functional_call(model, (p, buffers), (x, *args))
 
     def one(p, x, y, m):
         return objective(call, p, x, y, m)
@@ -270,22 +270,110 @@ def federation_batches(fed, client, epochs: int, split: str = "private") -> Iter
         yield from fed.private_batches(client, split=split)
 
 
-def use_fused(fed, clients) -> bool:
-    """Whether ``engine.fused_clients`` asks for fusion here (all models one architecture, BN-free)."""
-    mode = getattr(fed.cfg, "fused_clients", "off")
-    if mode == "off" or len(clients) < 2:
-        return False
-    if mode == "auto" and fed.device.type != "cuda":
-        return False  # measured: no gain on CPU (notes/gpu-h100.md)
-    if len({c.arch for c in clients}) != 1:
-        return False
-    try:
-        check_fusable(clients[0].model)
-    except ValueError:
+#: auto's choice per device type: the largest model (trainable parameters) auto fuses. CUDA: every
+#: model (H100 prototype, notes/gpu-h100.md: 3.3x at 10 clients, 18x at 100). CPU, measured here
+#: (benchmarks/results/clients_fused_cpu.md): LeNet (61,706 parameters) 1.2x at 10 sampled clients of
+#: 400 images, 1.6x at 10 of 40, 5.9x at 100 of 4; fedavg_cnn_mnist (1.66 M) 0.87x at 10 clients of
+#: 600 (docs/gpu.md). The CPU bound sits between the two measured sizes. A device type not listed: never.
+AUTO_MAX_PARAMS = {"cuda": float("inf"), "cpu": 200_000}
+
+
+def auto_fuses(device_type: str, model: nn.Module) -> bool:
+    """Whether ``fused_clients: auto`` fuses this model on this device type (see AUTO_MAX_PARAMS)."""
+    n = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return n <= AUTO_MAX_PARAMS.get(device_type, -1)
+
+
+def fusion_obstacle(method, archs: Sequence[str], models: Sequence[nn.Module]) -> Optional[str]:
+    """Why the method's clients cannot be trained fused here (None: they can).
+
+    A method opts in with ``fused_objective(fed)`` (its local loss as an :data:`Objective`);
+    one without it (per-client Python state, or a loss not written for stacked weights) is
+    refused by name; so are mixed architectures and BatchNorm models.
+    """
+    owner = next((k for k in type(method).__mro__ if "fused_objective" in vars(k)), None)
+    if owner is None or not callable(getattr(method, "fused_objective", None)):
+        return (f"method {method.name!r} has no fused local objective (per-client state or a loss "
+                "not written for stacked weights)")
+    for hook in ("local_loss", "local_update"):  # a subclass that changes the loss (MOON, FedRS) is not covered
+        if getattr(type(method), hook) is not getattr(owner, hook):
+            return (f"method {method.name!r} overrides {hook} of {owner.__name__}, whose fused objective "
+                    "would then train a different loss")
+    if len(set(archs)) != 1:
+        return f"the participants' architectures differ ({', '.join(sorted(set(archs)))})"
+    for m in models[:1]:
+        try:
+            check_fusable(m)
+        except ValueError:
+            bn = next(n for n, x in m.named_modules() if isinstance(x, nn.modules.batchnorm._BatchNorm))
+            return f"{archs[0]} has BatchNorm at {bn!r} (running statistics are per client)"
+    return None
+
+
+def fusion_decision(mode: str, method, archs: Sequence[str], models: Sequence[nn.Module],
+                    device_type: str, on_nonfinite: str = "fail") -> Tuple[bool, str]:
+    """(fuse?, why) for ``engine.fused_clients``; ``on`` with an obstacle raises ConfigError (one line)."""
+    from ..errors import ConfigError
+
+    if mode == "off":
+        return False, "engine.fused_clients: off"
+    obstacle = fusion_obstacle(method, archs, models)
+    if not obstacle and on_nonfinite != "fail":  # the fused step cannot skip one client's batch
+        obstacle = f"engine.on_nonfinite: {on_nonfinite} skips single batches, which a fused step cannot"
+    if obstacle:
         if mode == "on":
-            raise
+            raise ConfigError(f"engine.fused_clients: on cannot fuse: {obstacle}; use fused_clients: auto or off")
+        return False, f"auto fell back: {obstacle}"
+    only = getattr(method, "fused_auto_devices", None)  # a method measured slower fused on some devices
+    if mode == "auto" and only is not None and device_type not in only:
+        return False, (f"auto fell back: method {method.name!r} fuses by auto only on {', '.join(only)} "
+                       f"(measured slower fused on {device_type})")
+    if mode == "auto" and not auto_fuses(device_type, models[0]):
+        return False, (f"auto fell back: on {device_type} fusion pays off only up to "
+                       f"{AUTO_MAX_PARAMS.get(device_type, 0):,} parameters (benchmarks/results/clients_fused_cpu.md)")
+    return True, f"engine.fused_clients: {mode}"
+
+
+def plan_check(method, archs: Sequence[str], norm: str, mode: str, device: str, on_nonfinite: str = "fail") -> None:
+    """:func:`fusion_decision` at planning time (before any job): builds one model to look for BatchNorm."""
+    if mode == "off":
+        return
+    from ..models import create_model
+
+    with torch.random.fork_rng(devices=[]):  # planning leaves the global RNG as it found it
+        models = [create_model(archs[0], num_classes=10, in_channels=3, **({} if norm == "default" else {"norm": norm}))]
+    fusion_decision(mode, method, archs, models, device.split(":")[0], on_nonfinite)
+
+
+def decide_for_run(fed, method, log=None) -> bool:
+    """Decide once per run, store it on ``fed`` (``fed.fused``) and log which path trains the clients."""
+    import logging
+
+    fuse, why = fusion_decision(fed.cfg.fused_clients, method, [c.arch for c in fed.clients],
+                                [c.model for c in fed.clients], fed.device.type, fed.cfg.on_nonfinite)
+    fed.fused, fed.fused_reason = fuse, why
+    (log or logging.getLogger("fedshift")).info("clients train %s (%s)", "fused" if fuse else "sequentially", why)
+    return fuse
+
+
+def use_fused(fed, clients) -> bool:
+    """Whether this run trains its clients fused (decided once by :func:`decide_for_run`)."""
+    if len(clients) < 2:
         return False
-    return True
+    if not hasattr(fed, "fused"):  # a federation driven without the runner (tests, benchmarks)
+        mode = getattr(fed.cfg, "fused_clients", "off")
+        if mode == "off":
+            return False
+        if len({c.arch for c in clients}) != 1:
+            return False
+        try:
+            check_fusable(clients[0].model)
+        except ValueError:
+            if mode == "on":
+                raise
+            return False
+        return mode == "on" or auto_fuses(fed.device.type, clients[0].model)
+    return fed.fused
 
 
 def fused_local_update(fed, clients, epochs: Optional[int] = None, objective: Optional[Objective] = None,
@@ -306,3 +394,58 @@ def fused_local_update(fed, clients, epochs: Optional[int] = None, objective: Op
                 p.copy_(params[n][i])
     values = losses.tolist()  # one host read for all clients
     return {f"{c.name}/train/local_loss": float(v) for c, v in zip(clients, values)}
+
+
+def fused_round(fed, clients, weights: Sequence[float], objective: Optional[Objective],
+                global_state: Mapping[str, Tensor]) -> Tuple[Dict[str, float], Dict[str, Tensor]]:
+    """A server-averaging round's local updating, fused: every sampled client starts from
+    ``global_state``; returns the clients' losses and the weighted average of their weights.
+
+    Memory: the stacked weights of the sampled clients only (plus optimiser state). Buffers
+    (none trainable in a BN-free model) are the global ones. Where the clients hold distinct
+    model objects, each gets its trained weights back (as after the sequential loop).
+    """
+    model = clients[0].model
+    fed.fused_rounds = getattr(fed, "fused_rounds", 0) + 1  # evidence that this path ran (tests, logs)
+    params, losses = train_clients_fused(model, [federation_batches(fed, c, fed.cfg.local_epochs) for c in clients],
+                                         optimizer_from_engine(fed), objective=objective)
+    if len({id(c.model) for c in clients}) == len(clients):
+        with torch.no_grad():
+            for i, c in enumerate(clients):
+                for n, p in c.model.named_parameters():
+                    p.copy_(params[n][i])
+    mean = weighted_mean_stacked(params, weights)
+    average = {k: (mean[k] if k in mean else v.detach().clone()) for k, v in global_state.items()}
+    values = losses.tolist()  # one host read for all clients
+    out = {}
+    for c, v in zip(clients, values):
+        fed.check_total(float(v), c.name, "local_loss")
+        out[f"{c.name}/train/local_loss"] = float(v)
+    return out, average
+
+
+def stacked_flat_grads(model: nn.Module, models: Sequence[nn.Module], batches: Sequence[Batch],
+                       objective: Optional[Objective] = None) -> Tuple[Tensor, Tensor]:
+    """One vmapped forward/backward of ``len(models)`` identical BN-free models, each on its own
+    equal-sized batch: returns the flat gradients ``(C, P)`` (parameters in ``parameters()`` order,
+    each in logical element order, as ``methods.stepwise.bind_flat_grads``' buffer) and the losses ``(C,)``.
+
+    The stepwise nodes of FedH2L / IND / AGG use it for their local step; their own optimisers
+    then step on the rows (so optimiser state and checkpoints are those of the sequential path).
+    """
+    check_fusable(model)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    params = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models]) for n in names}
+    buffers = dict(model.named_buffers())
+    objective = objective or masked_cross_entropy
+
+    def call(p, x, *args):
+        return functional_call(model, (p, buffers), (x, *args))
+
+    x = torch.stack([b[0] for b in batches])
+    y = torch.stack([b[1] for b in batches])
+    mask = torch.ones(y.shape, dtype=torch.bool, device=y.device)
+    grads, loss = vmap(grad_and_value(lambda p, xb, yb, mb: objective(call, p, xb, yb, mb)),
+                       randomness="different")(params, x, y, mask)
+    flat = torch.cat([grads[n].reshape(len(models), -1) for n in names], 1)
+    return flat, loss.detach()

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from .base import METHODS
-from .fedh2l import StepParams, StepwiseMethod
+from .stepwise import StepParams, StepwiseMethod
 
 
 @METHODS.register("agg")

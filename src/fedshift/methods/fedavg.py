@@ -43,6 +43,7 @@ from typing import Dict, List, Literal, Mapping, Optional, Sequence
 
 import torch
 
+from ..engine.fused import fused_local_update, fused_round, masked_cross_entropy, use_fused
 from ..engine.sampling import round_clients, unique_models
 from .base import METHODS, Method
 
@@ -181,11 +182,18 @@ class ServerAveraging(Method):
             global_state = {k: v.detach().clone() for k, v in fed.clients[0].model.state_dict().items()}
             self.begin_round(fed, r, global_state)
             self._next_global = None
+            if use_fused(fed, fed.clients):  # each participant from its own weights, one vmapped step
+                fed.fused_rounds = getattr(fed, "fused_rounds", 0) + 1
+                return fused_local_update(fed, fed.clients, objective=self.fused_objective(fed))
             return fed.train_participants(loss_fn=lambda cl, x, y, s: self.local_loss(fed, cl, x, y, s))
         clients = round_clients(fed, r)
         global_state = {k: v.detach().clone() for k, v in fed.clients[0].model.state_dict().items()}
         self.begin_round(fed, r, global_state)
         weights = [c.num_private if self.p.weighting == "samples" else 1.0 for c in clients]
+        if use_fused(fed, clients):  # engine.fused_clients: one vmapped step for all sampled clients
+            losses, average = fused_round(fed, clients, weights, self.fused_objective(fed), global_state)
+            self._next_global = self.aggregate(fed, average, global_state)
+            return losses
         avg = RunningAverage(sum(weights))
         losses = {}
         for i, (c, w) in enumerate(zip(clients, weights)):
@@ -223,3 +231,7 @@ class FedAvg(ServerAveraging):
 
     name = "fedavg"
     Params = FedAvgParams
+
+    def fused_objective(self, fed):
+        """The local loss for engine.fused_clients (engine/fused.py): cross-entropy."""
+        return masked_cross_entropy

@@ -111,6 +111,10 @@ class FusedModel(FedModel):
     def fused_logits(self, x: torch.Tensor, global_map: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.pool(self.feature_map(x, global_map)))
 
+    def forward(self, x: torch.Tensor, global_map: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The plain model's forward, or :meth:`fused_logits` given the global map (functional calls)."""
+        return super().forward(x) if global_map is None else self.fused_logits(x, global_map)
+
 
 def feature_channels(model: FedModel, image_shape: Tuple[int, int, int], device) -> int:
     if not getattr(model, "has_feature_map", True):
@@ -161,6 +165,18 @@ class FedFusion(ServerAveraging):
         with torch.no_grad():
             g = self.global_net.base.feature_map(x)
         return F.cross_entropy(client.model.fused_logits(x, g), y)
+
+    def fused_objective(self, fed):
+        """:meth:`local_loss` on stacked weights (engine.fused_clients): the frozen global encoder's map
+        on each client's padded batch, the fused logits of the client's own weights, masked CE."""
+        glob_net = self.global_net
+
+        def objective(call, params, x, y, mask):
+            g = glob_net.base.feature_map(x).detach()
+            per = F.cross_entropy(call(params, x, g), y, reduction="none")
+            w = mask.to(per.dtype)
+            return (per * w).sum() / w.sum().clamp(min=1)
+        return objective
 
     def aggregate(self, fed, average: Dict[str, torch.Tensor], global_state: Dict[str, torch.Tensor]):
         if self.p.operator in ("multi", "single"):

@@ -3,8 +3,8 @@
 labeled seed set, with the peer gradient projected against the local one.
 
 No server. A FedH2L *round* is one minibatch step (the paper trains 10,000 rounds of
-batch 32), so this module also holds :class:`StepwiseMethod`, the one-step-per-round
-schedule shared with the IND and AGG baselines (``ind.py``, ``agg.py``). Each round:
+batch 32): :class:`~.stepwise.StepwiseMethod` (``stepwise.py``), the schedule shared with
+the IND and AGG baselines (``ind.py``, ``agg.py``). Each round:
 
 1. local optimisation (Eq. 1-2): every node takes one AMSGrad step of cross-entropy on a
    batch of its private data;
@@ -37,47 +37,43 @@ Choices where the paper is silent (REFERENCE.md lists the readings):
 * Batches: each node walks through a fresh permutation of its private data (last partial
   batch dropped); public batches are drawn without replacement each global round, of
   size ``min(batch, smallest public split)``.
+* Readings of § IV the paper leaves open (issue 21 item 6), each a switch:
+
+  - ``local_data``: § IV-E 2 says that with *unlabeled* public data "only node's own data
+    is available for local optimization without the use of public data from other
+    domains", which implies that with labeled seed data the local step also uses the other
+    domains' seed data: ``private+seed`` (private + every domain's seed split). Default
+    ``private`` (the step as Eq. 1-2 write it); Table II's grid states its reading.
+  - ``mutual_forward``: Algorithm 1 computes the student's outputs on each peer's batch;
+    ``per_peer`` (default) does so, ``concat`` runs the peers' batches as one batch. Equal
+    without BatchNorm (LeNet: every layer acts per sample); with BatchNorm (PACS,
+    Office-Home ResNets) the batch statistics differ, so ``concat`` is refused there.
+  - ``global_weight_decay``: both AMSGrads (the local one and the global one, Algorithm 1's
+    separate rates) apply § IV-A's weight decay, so a round with a global step decays the
+    weights twice. ``true`` keeps that (our earlier runs); ``false`` decays in the local
+    optimiser only. The paper names one weight decay and two optimisers, not which applies it.
 * Communication counts posteriors (float32), the accuracy (float32) and the batch's
   indices into the shared seed set (int32) on every sender -> receiver edge; FedAvg's
   reference is every node uploading and downloading its float32 parameters each round.
 
-Every node's gradients live in one flat buffer (``p.grad`` are views into it), so
-``g_loc`` / ``g_pub`` and the projection are flat-vector operations with no Python loop
-over parameters in the round.
+``g_loc`` / ``g_pub`` and the projection are flat-vector operations on each node's flat
+gradient buffer (``stepwise.bind_flat_grads``).
 """
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
-from typing import Any, Dict, List, Literal, Mapping, Tuple
+from typing import Any, Dict, List, Literal, Mapping
 
 import torch
 import torch.nn.functional as F
 
 from ..data.loading import normalize
-from ..engine.federation import derive_seeds
 from ..errors import ConfigError
 from ..losses import batch_accuracy, h2l_mutual_loss, project_gradient
-from .base import METHODS, Method
-
-FLOAT_BYTES, INDEX_BYTES = 4, 4  # float32 posteriors/accuracies/parameters, int32 batch indices
-
-
-@dataclass(frozen=True)
-class StepParams:
-    init: Literal["scratch", "base"] = "scratch"  # FedH2L § IV: every node trains from scratch
-    lr: float = 1e-3  # § IV-A: AMSGrad lr 1e-3 on Rotated MNIST (PACS/Office-Home: 1e-4)
-    weight_decay: float = 1e-4  # § IV-A: weight decay 1e-4 (PACS/Office-Home: 1e-5)
-    batch: int = 32  # § IV-A: batch_size = 32 (private and public batches)
-    log_every: int = 100  # rounds between logged training losses: tracking cost does not grow per round
-
-    def __post_init__(self):
-        if self.batch < 2:
-            raise ValueError(f"batch must be >= 2, got {self.batch}")
-        if self.log_every < 1:
-            raise ValueError(f"log_every must be >= 1, got {self.log_every}")
-
+from .base import METHODS
+from .stepwise import (FLOAT_BYTES, INDEX_BYTES, StepParams, StepwiseMethod, _Node,  # noqa: F401 (re-exported)
+                       bind_flat_grads, flat_params)
 
 @dataclass(frozen=True)
 class FedH2LParams(StepParams):
@@ -87,6 +83,14 @@ class FedH2LParams(StepParams):
     kl: bool = True  # Eq. 3 KL mimicry term (Table V "no KL": false)
     public_labels: bool = True  # CE on labeled public batches, Eq. 5 (false: unlabeled extension, Tables VII-VIII)
     peers: Literal["all", "random_pairs"] = "all"  # all N-1 peers (Eq. 3) or random pairs (Table II asynchronous)
+    # Local step's data (module doc "Readings"): own private data only, or plus every domain's labeled seed
+    # split (§ IV-E 2 (i), read a contrario: only the unlabeled case excludes "public data from other domains").
+    local_data: Literal["private", "private+seed"] = "private"
+    # Mutual step: one forward pass per peer batch (Algorithm 1) or one pass on the peers' batches
+    # concatenated (identical only without BatchNorm: refused for a BatchNorm model).
+    mutual_forward: Literal["per_peer", "concat"] = "per_peer"
+    # Weight decay in the global AMSGrad too (true: decay applied twice per round, by both optimisers).
+    global_weight_decay: bool = True
 
     def __post_init__(self):
         super().__post_init__()
@@ -94,174 +98,9 @@ class FedH2LParams(StepParams):
             raise ValueError(f"E must be >= 1, got {self.E}")
         if not self.kl and not self.public_labels:
             raise ValueError("kl: false with public_labels: false leaves no global loss; enable one of them")
-
-
-def flat_params(params) -> torch.Tensor:
-    """The parameters as one flat vector in their logical (NCHW) element order, the order of
-    :func:`bind_flat_grads`' buffer. Unlike ``parameters_to_vector`` (``view(-1)``), this also
-    takes channels_last weights (``engine.channels_last``, the default)."""
-    return torch.cat([p.detach().reshape(-1) for p in params])
-
-
-def bind_flat_grads(model: torch.nn.Module) -> torch.Tensor:
-    """Point every trainable parameter's ``.grad`` at a slice of one flat zero buffer and return it.
-
-    Backward then accumulates in place into the buffer, which is the flat gradient;
-    never call ``zero_grad(set_to_none=True)`` on such a model (zero the buffer instead).
-    """
-    params = [p for p in model.parameters() if p.requires_grad]
-    buf = torch.zeros(sum(p.numel() for p in params), dtype=params[0].dtype, device=params[0].device)
-    offset = 0
-    for p in params:  # once, at setup
-        p.grad = buf[offset:offset + p.numel()].view_as(p)
-        offset += p.numel()
-    return buf
-
-
-class _Node:
-    """Per-participant step state: flat gradient buffer, optimisers, data order."""
-
-    def __init__(self, model, x, y, lr, wd, two_optimizers: bool):
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        self.buf = bind_flat_grads(model)
-        self.x, self.y = x, y
-        self.opt_local = torch.optim.Adam(self.params, lr=lr, weight_decay=wd, amsgrad=True)
-        self.opt_global = (torch.optim.Adam(self.params, lr=lr, weight_decay=wd, amsgrad=True)
-                           if two_optimizers else None)
-        self.order = torch.zeros(0, dtype=torch.long)
-        self.cursor = 0
-
-
-class StepwiseMethod(Method):
-    """One minibatch step per participant per round, each participant with its own AMSGrad.
-
-    Subclasses choose the training data of the local step (:meth:`train_data`) and add
-    work after it (:meth:`after_local`, :meth:`global_step`). Training losses are summed
-    on the device and returned only every ``log_every`` rounds (no per-round host sync).
-    """
-
-    two_optimizers = False
-
-    def train_data(self, fed, c) -> Tuple[torch.Tensor, torch.Tensor]:
-        return c.data.get("private")
-
-    def setup(self, fed) -> None:
-        # A generator of the method's own (batches, public draws, peer pairs), derived from the run
-        # seed beside the engine's children, so its state can be checkpointed with the method.
-        self.gen = torch.Generator().manual_seed(derive_seeds(fed.seed, len(fed.clients) + 3)[-1])
-        self.nodes = []
-        for c in fed.clients:
-            x, y = self.train_data(fed, c)
-            if len(y) < self.p.batch:
-                raise ConfigError(f"methods.{self.name}.batch: {self.p.batch} exceeds participant {c.name!r}'s "
-                                  f"{len(y)} training samples")
-            self.nodes.append(_Node(c.model, x, y, self.p.lr, self.p.weight_decay, self.two_optimizers))
-        self.sums: Dict[str, torch.Tensor] = {}
-        self.count = 0
-        self.comm_bytes = 0
-        self.global_rounds = 0
-
-    # -- batches ---------------------------------------------------------------
-    def next_batch(self, node: _Node) -> Tuple[torch.Tensor, torch.Tensor]:
-        n, b = len(node.y), self.p.batch
-        if node.cursor + b > len(node.order):
-            node.order, node.cursor = torch.randperm(n, generator=self.gen), 0
-        idx = node.order[node.cursor:node.cursor + b].to(node.y.device)
-        node.cursor += b
-        return normalize(node.x[idx]), node.y[idx]
-
-    # -- the round -------------------------------------------------------------
-    def after_local(self, i: int, node: _Node) -> None:
-        """Called with node ``i``'s local gradient in ``node.buf``, before its optimiser step."""
-
-    def global_step(self, fed, r: int) -> None:
-        pass
-
-    def run_round(self, fed, r: int) -> Dict[str, float]:
-        losses = []
-        for i, (c, node) in enumerate(zip(fed.clients, self.nodes)):
-            x, y = self.next_batch(node)
-            c.model.train()
-            loss = F.cross_entropy(c.model(x), y)
-            node.buf.zero_()
-            loss.backward()
-            self.after_local(i, node)
-            node.opt_local.step()
-            losses.append(loss.detach())
-        self.accumulate("local_loss", torch.stack(losses))
-        self.global_step(fed, r)
-        self.count += 1
-        return self.flush(fed) if r % self.p.log_every == 0 else {}
-
-    def accumulate(self, key: str, per_node: torch.Tensor) -> None:
-        self.sums[key] = self.sums[key] + per_node if key in self.sums else per_node.clone()
-
-    def flush(self, fed) -> Dict[str, float]:
-        """Mean of each accumulated quantity since the last flush, per participant (host syncs only here).
-
-        Local quantities are averaged over rounds, global ones (``global_keys``) over global rounds.
-        """
-        out = {}
-        for key, total in sorted(self.sums.items()):
-            div = self.global_rounds_since if key in self.global_keys else self.count
-            for c, v in zip(fed.clients, (total / max(div, 1)).tolist()):
-                out[f"{c.name}/train/{key}"] = v
-        self.sums, self.count, self.global_rounds_since = {}, 0, 0
-        return out
-
-    global_keys: Tuple[str, ...] = ()  # accumulated once per global round
-    global_rounds_since = 0
-
-    # -- communication ---------------------------------------------------------------
-    def run_summary(self, fed) -> Dict[str, Any]:
-        """Bytes exchanged, and FedAvg's for the same rounds (every node up- and downloads its parameters)."""
-        rounds = max(fed.round, 1)
-        n_params = sum(n.buf.numel() for n in self.nodes)  # all nodes' models
-        fedavg_round = 2 * n_params * FLOAT_BYTES
-        return {"communication": {
-            "bytes_total": int(self.comm_bytes),
-            "bytes_per_round": self.comm_bytes / rounds,
-            "global_rounds": int(self.global_rounds),
-            "fedavg_bytes_per_round": fedavg_round,
-            "fedavg_bytes_total": fedavg_round * rounds,
-            "fedavg_over_method": (fedavg_round * rounds / self.comm_bytes) if self.comm_bytes else None,
-        }}
-
-    # -- resumable state ---------------------------------------------------------------
-    def state_dict(self) -> Dict[str, Any]:
-        return {
-            "gen": self.gen.get_state(),
-            "nodes": [self.node_state(n) for n in self.nodes],
-            "sums": {k: v.clone() for k, v in self.sums.items()}, "count": self.count,
-            "global_rounds_since": self.global_rounds_since,
-            "comm_bytes": int(self.comm_bytes), "global_rounds": int(self.global_rounds),
-        }
-
-    def node_state(self, node: _Node) -> Dict[str, Any]:
-        # Copies: an optimiser's state_dict shares its live tensors, which the next step updates in place.
-        s = {"opt_local": copy.deepcopy(node.opt_local.state_dict()), "order": node.order.clone(),
-             "cursor": node.cursor}
-        if node.opt_global is not None:
-            s["opt_global"] = copy.deepcopy(node.opt_global.state_dict())
-        return s
-
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        self.gen.set_state(state["gen"])
-        if len(state["nodes"]) != len(self.nodes):
-            raise ValueError(f"checkpoint holds {len(state['nodes'])} nodes, the run has {len(self.nodes)}")
-        for node, s in zip(self.nodes, state["nodes"]):
-            self.load_node_state(node, s)
-        self.sums = {k: v.clone() for k, v in state["sums"].items()}
-        self.count = int(state["count"])
-        self.global_rounds_since = int(state["global_rounds_since"])
-        self.comm_bytes = int(state["comm_bytes"])
-        self.global_rounds = int(state["global_rounds"])
-
-    def load_node_state(self, node: _Node, s: Mapping[str, Any]) -> None:
-        node.opt_local.load_state_dict(s["opt_local"])
-        if node.opt_global is not None:
-            node.opt_global.load_state_dict(s["opt_global"])
-        node.order, node.cursor = s["order"].clone(), int(s["cursor"])
+        if self.local_data == "private+seed" and not self.public_labels:
+            raise ValueError("local_data: private+seed trains on the seed labels, but public_labels is false "
+                             "(§ IV-E 2: unlabeled seed data leaves only the node's own data); use local_data: private")
 
 
 @METHODS.register("fedh2l")
@@ -273,7 +112,24 @@ class FedH2L(StepwiseMethod):
     two_optimizers = True
     global_keys = ("kl", "ce", "conflict")
 
+    def global_weight_decay(self) -> float:
+        return self.p.weight_decay if self.p.global_weight_decay else 0.0
+
+    def train_data(self, fed, c):
+        """Private data, plus every domain's labeled seed split under ``local_data: private+seed``."""
+        if self.p.local_data == "private":
+            return c.data.get("private")
+        parts = [c.data.get("private")] + [o.data.get("public") for o in fed.clients]
+        return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
+
     def setup(self, fed) -> None:
+        if self.p.mutual_forward == "concat":
+            for c in fed.clients:
+                bn = next((n for n, m in c.model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)),
+                          None)
+                if bn is not None:
+                    raise ConfigError(f"methods.{self.name}.mutual_forward: concat equals per_peer only without "
+                                      f"BatchNorm, but {c.name}'s {c.arch} has BatchNorm at {bn!r}; use per_peer")
         super().setup(fed)
         self.publics = [c.data.get("public") for c in fed.clients]
         if self.p.public_labels and any(bool((y < 0).any()) for _, y in self.publics):
@@ -326,7 +182,10 @@ class FedH2L(StepwiseMethod):
             mine = peers[i]
             if mine:
                 edges += len(mine)
-                logits = c.model(torch.cat([xs[j] for j in mine])).view(len(mine), b, -1)
+                if self.p.mutual_forward == "concat":  # one pass: equal to per_peer without BatchNorm
+                    logits = c.model(torch.cat([xs[j] for j in mine])).view(len(mine), b, -1)
+                else:  # Algorithm 1: each peer's batch through the student on its own (BatchNorm batch statistics)
+                    logits = torch.stack([c.model(xs[j]) for j in mine])
                 labels = torch.stack([ys[j] for j in mine]) if self.p.public_labels else None
                 total, kl, ce = h2l_mutual_loss(logits, torch.stack([probs[j] for j in mine]),
                                                 torch.stack([accs[j] for j in mine]), labels, kl=self.p.kl)

@@ -26,6 +26,7 @@ from typing import Dict, Literal
 
 import torch.nn.functional as F
 
+from ..engine.fused import masked_cross_entropy
 from ..losses import prox_term
 from .base import METHODS
 from .fedavg import FedAvg
@@ -58,6 +59,19 @@ class FedProx(FedAvg):
         finally:
             for c in fed.clients:
                 c.state.pop("global_params", None)
+
+    def fused_objective(self, fed):
+        """CE + (mu/2)||w - w_global||^2 on stacked weights (engine.fused_clients): ``w_global`` is what
+        every sampled client holds at the start of the round (the working model before training)."""
+        mu = self.p.mu
+        glob = {n: q.detach().clone() for n, q in fed.clients[0].model.named_parameters() if q.requires_grad}
+
+        def objective(call, params, x, y, mask):
+            loss = masked_cross_entropy(call, params, x, y, mask)
+            if mu > 0:
+                loss = loss + (mu / 2) * sum((params[n] - g).pow(2).sum() for n, g in glob.items())
+            return loss
+        return objective
 
     def local_loss(self, fed, client, x, y, step):
         loss = F.cross_entropy(client.model(x), y)
