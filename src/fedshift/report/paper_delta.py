@@ -690,10 +690,12 @@ def delta_figure(cells: pd.DataFrame, path: Path, title: str) -> None:
 
     from .palette import method_colours
 
-    cells = cells[cells["published"].notna()]
+    cells = cells[cells["published"].notna()].copy()
+    if "ours_method" in cells.columns:  # the published BASE is drawn as (and coloured like) our base_pretrain
+        cells["method"] = [m if o == m else f"{m} = ours {o}" for m, o in zip(cells["method"], cells["ours_method"])]
     metrics = list(dict.fromkeys(cells["metric"]))
     methods = list(dict.fromkeys(cells["method"]))
-    colour = method_colours(methods)
+    colour = {m: method_colours([m.split(" = ours ")[-1]])[m.split(" = ours ")[-1]] for m in methods}
     cols = min(len(metrics), 3)
     rows = -(-len(metrics) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.8 * rows), squeeze=False)

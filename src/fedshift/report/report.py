@@ -87,11 +87,17 @@ def to_markdown(table: pd.DataFrame, title: str, std: Optional[pd.DataFrame] = N
 
 
 def curves_figure(df: pd.DataFrame, path: Path, title: str, methods: Optional[List[str]] = None) -> None:
+    """Mean accuracy over participants per round, one line per method (the report's shared colours),
+    band = ± one std over seeds; labels inside each panel, whole-number round ticks, the participants'
+    architectures under the title."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import seaborn as sns
+    from matplotlib.ticker import MaxNLocator
+
+    from .palette import method_colours
 
     df = df[df["method"] != "base_pretrain"]  # one point (the pretrain runs' final epoch), no curve
     metric = _topk(df["scenario"].iloc[0])
@@ -99,19 +105,28 @@ def curves_figure(df: pd.DataFrame, path: Path, title: str, methods: Optional[Li
              .groupby(["method", "seed", "round", "kind"], as_index=False)[metric].mean())
     avg[metric] *= 100
     order = [m for m in (methods or sorted(avg["method"].unique())) if m in set(avg["method"])]
+    archs = participant_archs(df)
     sns.set_theme(style="whitegrid", context="notebook")
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharex=True)
     for ax, kind, label in zip(axes, ("inter", "intra"), ("inter-domain (Eq. 22)", "intra-domain (Eq. 21)")):
         sns.lineplot(data=avg[avg["kind"] == kind], x="round", y=metric, hue="method", hue_order=order,
-                     marker="o", errorbar=("sd") if avg["seed"].nunique() > 1 else None, ax=ax)
-        ax.set_title(label)
-        ax.set_ylabel(f"{metric} accuracy (%), mean over participants")
+                     palette=method_colours(order), marker="o",
+                     errorbar=("sd") if avg["seed"].nunique() > 1 else None, ax=ax)
+        ax.set_title(label, fontsize=11)
+        ax.set_ylabel(f"{metric} accuracy (%)\nmean over participants", fontsize=9)
         ax.set_xlabel("communication round")
-    for ax in axes[1:]:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    handles, labels = axes[0].get_legend_handles_labels()
+    for ax in axes:
         if ax.get_legend():
             ax.get_legend().remove()
-    fig.suptitle(title)
-    fig.tight_layout()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=9, frameon=False,
+               title="method" + (" (band: ± 1 sd over seeds)" if avg["seed"].nunique() > 1 else ""),
+               title_fontsize=9)
+    parts = ", ".join(f"{p}: {a}" for p, a in archs.items())
+    fig.suptitle(title + (f"\nparticipants: {parts}" if parts else ""), fontsize=10)
+    rows = -(-len(labels) // 6)
+    fig.tight_layout(rect=(0, 0.08 + 0.05 * rows, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 

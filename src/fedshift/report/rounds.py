@@ -130,8 +130,13 @@ def curves_figure(g: pd.DataFrame, path: Path, title: str, targets: Sequence[flo
     order = ([BASELINE] if BASELINE in set(d["method"]) else []) + sorted(set(d["method"]) - {BASELINE})
     sns.set_theme(style="whitegrid", context="notebook")
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    sns.lineplot(data=d, x="round", y="top1", hue="method", hue_order=order,
+    from matplotlib.ticker import MaxNLocator
+
+    from .palette import method_colours
+
+    sns.lineplot(data=d, x="round", y="top1", hue="method", hue_order=order, palette=method_colours(order),
                  errorbar="sd" if d["seed"].nunique() > 1 else None, ax=ax)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for t in targets:
         ax.axhline(100 * t, color="grey", linestyle="--", linewidth=0.8)
     lo = max(0.0, min(100 * min(targets, default=0.5) - 25, d["top1"].quantile(0.2)))
