@@ -322,7 +322,9 @@ def test_claim_held_not_held_and_lower_is_better():
 
 def test_report_has_delta_tables_claims_flags_and_figure(tmp_path):
     csv = tmp_path / "runs.csv"
-    runs(methods=("base", "fcclp_fccm", "fcclp_nofntd", "fccl_plus")).to_csv(csv, index=False)
+    hetero = {"m0": "lenet", "m20": "cnn4", "m40": "lenet", "m60": "cnn4"}  # Table X's claim is about these
+    r = runs(methods=("base", "fcclp_fccm", "fcclp_nofntd", "fccl_plus"))
+    r.assign(arch=r["participant"].map(hetero)).to_csv(csv, index=False)
     cfg = {"title": "t", "published": ["fccl_plus_table10", {"name": "fccl_plus_table8", "structures": ["other"]}],
            "published_scenarios": {"rotmnist": "digits"}}
     names = {p.name for p in make_report(csv, tmp_path / "rep", cfg, tracking=False)}
