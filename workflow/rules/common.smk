@@ -179,3 +179,8 @@ def pretrain_runtime(wc, attempt):
     p = pretrain_cfg(wc)["pretrain"]
     est = p["epochs"] * EPOCH_MINUTES * _pixel_scale(wc.scenario) / pretrain_threads(wc) ** 0.5
     return int(max(15, math.ceil(2 * est)) * 2 ** (attempt - 1))
+
+
+def report_labels(wc):
+    """HTML report labels: the kind and the group (scenario__public__structure) or the file type."""
+    return {"kind": wc.kind, "group": getattr(wc, "group", None) or getattr(wc, "ext", "")}

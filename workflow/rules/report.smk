@@ -16,11 +16,6 @@ PUBLISHED_CSVS = [
 CLAIMS = [p for p in ["params/papers/claims.yaml"] if os.path.exists(p)]
 
 
-def _report_labels(wc):
-    """HTML report labels: the kind and the group (scenario__public__structure) or the file type."""
-    return {"kind": wc.kind, "group": getattr(wc, "group", None) or getattr(wc, "ext", "")}
-
-
 rule collect:
     input:
         runs=FEDERATE_METRICS,
@@ -55,7 +50,7 @@ rule report:
             ],
             caption="../report/results.rst",
             category="{kind}",
-            labels=_report_labels,
+            labels=report_labels,
         ),
     conda:
         "../../environment.yml"
