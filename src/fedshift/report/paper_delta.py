@@ -609,7 +609,8 @@ def cells_markdown(cells: pd.DataFrame, title: str, margin: float = DEFAULT_MARG
     lines += [head, rule]
     for _, r in cells.iterrows():
         pub = "–" if pd.isna(r["published"]) else f"{r['published']:.2f}" + (" ⚑" if r["flag"] else "")
-        row = (f"| {r['method']} | {r['participant']} | {r['metric']} | {r['n']} | {_fmt_ours(r)} | {pub} | "
+        name = r["method"] if r["ours_method"] in (r["method"], BASE) else f"{r['method']} (ours: {r['ours_method']})"
+        row = (f"| {name} | {r['participant']} | {r['metric']} | {r['n']} | {_fmt_ours(r)} | {pub} | "
                f"{_fmt_delta(r)} |")
         if not proxy:
             row += f" {r['verdict']}{' (n = 1: no CI)' if r['n'] == 1 else ''} |"
