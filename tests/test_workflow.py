@@ -152,7 +152,7 @@ def test_html_report_carries_report_md_claims_and_says_what_the_pm_is(ran):
     run("snakemake --report report.html", root)
     html = (root / "report.html").read_text(errors="replace")
     assert "report.md" in html and "claims.csv" in html
-    assert "95% confidence half-width" in html and "standard deviation over\nseeds" not in html
+    assert "95% confidence half-width" in html and "± the standard deviation" not in html
 
 
 def test_user_grid_reports_only_its_own_report_block(ran):
