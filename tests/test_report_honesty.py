@@ -236,3 +236,14 @@ def test_report_modules_import_no_circle():
 
     for mod in graph:
         assert mod not in reach(mod), mod
+
+
+def test_papers_own_rounds_claims_are_judged_on_the_printed_numbers():
+    """A printed value has no seeds (n = 0) and prints without "(n=…)"; a lower-is-better claim on the
+    paper's own rounds (FedMMD § 4.2: 260 vs 326 rounds) is still evaluated, not taken as never reached."""
+    from conftest import REPO
+
+    claims = [c for c in pdl.load_claims(REPO / "params/papers/claims.yaml") if c["id"] == "fedmmd_fewer_rounds"]
+    res = pdl.evaluate_claims(claims, None, pdl.all_published(REPO / "params/papers/published"))
+    assert len(res) and (res["status"] == "held").all()
+    assert "(n=" not in " ".join(res["numbers"])

@@ -432,7 +432,7 @@ def _pair(a, b, lower: bool, factor: float) -> Optional[bool]:
     (ma, na, ra), (mb, nb, rb) = (a[0], a[2], a[3]), (b[0], b[2], b[3])
     if not lower:
         return ma > factor * mb
-    if ra == 0:
+    if na > 0 and ra == 0:  # ours, never reached (a printed value has n = 0)
         return False
     a_exact, b_exact = ra == na, rb == nb
     if a_exact and b_exact:
@@ -446,6 +446,8 @@ def _pair(a, b, lower: bool, factor: float) -> Optional[bool]:
 
 def _fmt_term(name: str, v) -> str:
     mean, ci, n, reached = v
+    if n == 0:  # a printed value of the paper: no seeds of ours behind it
+        return f"{name} {mean:.2f}"
     if reached < n:
         return f"{name} ≥ {mean:.2f} (reached {reached}/{n})"
     return f"{name} {fmt_interval(mean, ci, n, bounded=False)} (n={n})"
@@ -534,7 +536,7 @@ def evaluate_claims(claims: List[dict], agg: Optional[pd.DataFrame], published: 
                 def look(method, at, metric, part, scen=scen, p=p):
                     hit = p[(p["scenario"] == (at or scen)) & (p["method"] == method) & (p["metric"] == metric)
                             & (p["participant"] == part)]
-                    return (hit["value_num"].iloc[0], math.nan, 1, 1) if len(hit) else None
+                    return (hit["value_num"].iloc[0], math.nan, 0, 0) if len(hit) else None  # n = 0: printed
 
                 for metric in _metrics(c, p.loc[p["scenario"] == scen, "metric"], scen):
                     r = _check(c, look, scen, metric)
