@@ -247,3 +247,21 @@ def test_papers_own_rounds_claims_are_judged_on_the_printed_numbers():
     res = pdl.evaluate_claims(claims, None, pdl.all_published(REPO / "params/papers/published"))
     assert len(res) and (res["status"] == "held").all()
     assert "(n=" not in " ".join(res["numbers"])
+
+
+def test_ratio_vs_claims_print_ratios_and_use_our_own_targets():
+    """`ratio_vs: fedavg` (claims.yaml, issue 21 item 9): our proxy runs have other targets than the paper's
+    (0.9 here, 0.72 in the claim); the claim is evaluated at ours and prints both ratios to FedAvg."""
+    rows = []
+    for (m, s), accs in {("fedavg", 0): [0.5, 0.7, 0.8, 0.9], ("fedavg", 1): [0.5, 0.8, 0.85, 0.91],
+                         ("fedmmd", 0): [0.6, 0.92, 0.95, 0.96], ("fedmmd", 1): [0.6, 0.91, 0.93, 0.95]}.items():
+        for r, a in enumerate(accs):
+            rows.append(dict(scenario="mnist5k_shards", public="none", method=m, base_method=m, structure="st",
+                             seed=s, round=r, participant="server", arch="cnn", domain="test", kind="global",
+                             top1=a, top5=1))
+    agg = pdl.aggregate(pdl.ours_long(pd.DataFrame(rows), last_k=2, targets=["0.9"]))
+    claim = dict(id="r", paper="fedmmd_fedfusion", text="FedMMD fewer rounds", metric="rounds_to/0.72",
+                 lower_is_better=True, participant="global", ratio_vs="fedavg", compare=[["fedmmd", "fedavg"]])
+    res = pdl.evaluate_claims([claim], agg, {}).iloc[0]
+    assert res["metric"] == "rounds_to/0.9" and res["status"] == "held"
+    assert "fedmmd / fedavg = 0.33, fedavg / fedavg = 1.00" in res["numbers"]  # 1 round / 3 rounds

@@ -38,7 +38,10 @@
   heterogeneous`` limits it to our runs of that kind (participants' architectures all equal or
   not); ``kind: ratio`` compares rounds-to-target ratios (challenger / reference < ``below``,
   default 1) at every target the runs have when ``metric: rounds_to/*``; a challenger that never
-  reaches the target does NOT hold the claim; "CI-separated" only when both sides have n ≥ 2.
+  reaches the target does NOT hold the claim; ``ratio_vs: <method>`` (rounds claims) prints each
+  side's rounds as a ratio to that method and, on our runs, evaluates the claim at every target they
+  have (an unstated optimiser choice scales every method's rounds, so only ratios compare across
+  schedules); "CI-separated" only when both sides have n ≥ 2.
 """
 
 from __future__ import annotations
@@ -408,7 +411,7 @@ def load_claims(path: Optional[Path] = None) -> List[dict]:
                               f"{', '.join(STRUCTURES)}")
         if c.get("kind", "order") not in CLAIM_KINDS:
             raise ConfigError(f"{path}: claim {c['id']!r}: kind {c['kind']!r} must be one of {', '.join(CLAIM_KINDS)}")
-        if c.get("kind") == "ratio" and not str(c["metric"]).startswith("rounds_to/"):
+        if (c.get("kind") == "ratio" or c.get("ratio_vs")) and not str(c["metric"]).startswith("rounds_to/"):
             raise ConfigError(f"{path}: claim {c['id']!r}: kind ratio needs metric rounds_to/<target> or rounds_to/*, "
                               f"got {c['metric']!r}")
     return claims
@@ -476,7 +479,12 @@ def _check(claim: dict, lookup, scenario: str, metric: Optional[str] = None) -> 
         both_ci = va[2] >= 2 and vb[2] >= 2 and not pd.isna(va[1]) and not pd.isna(vb[1]) and not ratio
         separated &= bool(ok) and both_ci and (va[0] + va[1] < vb[0] - vb[1] if lower else va[0] - va[1] > vb[0] + vb[1])
         word = {True: "yes", False: "NO", None: "open (censored)"}[ok]
-        if ratio:
+        ref = claim.get("ratio_vs")
+        vr = lookup(ref, None, metric, part) if ref else None
+        if ref and vr is not None and not pd.isna(vr[0]) and vr[0]:
+            lines.append(f"{a} / {ref} = {va[0] / vr[0]:.2f}, {b} / {ref} = {vb[0] / vr[0]:.2f}: "
+                         f"{a} {'<' if lower else '>'} {b}: {word}")
+        elif ratio:
             r = va[0] / vb[0] if vb[0] else math.nan
             bound = "≤ " if va[3] == va[2] and vb[3] < vb[2] else ("≥ " if va[3] < va[2] and vb[3] == vb[2] else "")
             lines.append(f"{_fmt_term(a, va)} / {_fmt_term(b, vb)} = {bound}{r:.2f} < {factor:g}: {word}")
@@ -494,9 +502,10 @@ def _check(claim: dict, lookup, scenario: str, metric: Optional[str] = None) -> 
                 pairs=f"{done - open_}/{total}", numbers="; ".join(lines), metric=metric)
 
 
-def _metrics(claim: dict, available: Iterable[str], scenario: str) -> List[str]:
-    """The concrete metrics a claim is evaluated on: ``rounds_to/*`` = every rounds target present."""
-    if claim["metric"] == "rounds_to/*":
+def _metrics(claim: dict, available: Iterable[str], scenario: str, ours: bool = False) -> List[str]:
+    """The concrete metrics a claim is evaluated on: ``rounds_to/*`` = every rounds target present; a
+    ``ratio_vs`` claim on our runs, too (our targets need not be the paper's: only the ratio compares)."""
+    if claim["metric"] == "rounds_to/*" or (ours and claim.get("ratio_vs")):
         return sorted({m for m in available if str(m).startswith("rounds_to/")})
     return [_resolve_metric(claim["metric"], scenario)]
 
@@ -567,7 +576,7 @@ def evaluate_claims(claims: List[dict], agg: Optional[pd.DataFrame], published: 
                 h = hit.iloc[0]
                 return (h["mean"], h["ci"], int(h["n"]), int(h["reached"]))
 
-            for metric in _metrics(c, g["metric"], target):
+            for metric in _metrics(c, g["metric"], target, ours=True):
                 r = _check(c, look, target, metric)
                 if r:
                     rows.append(dict(base, who="ours", scenario=target, our_scenario=scen, public=public,
