@@ -205,7 +205,8 @@ def test_runner_server_mode_writes_global_metrics(tiny_data, tmp_path):
 
 
 def test_rounds_report_table_and_figure(tmp_path):
-    """Report arithmetic: first round per seed, mean over seeds reaching it, reduction vs fedavg."""
+    """Report arithmetic: first round per seed, mean over every seed (never reached = last round + 1),
+    reduction vs fedavg."""
     import pandas as pd
 
     from fedshift.report.rounds import rounds_report, rounds_table
@@ -221,8 +222,10 @@ def test_rounds_report_table_and_figure(tmp_path):
     assert t.loc["fedavg", "rounds_to/0.9"] == 2.5 and t.loc["fedmmd", "rounds_to/0.9"] == 1.0
     assert t.loc["fedmmd", "reduce/0.9"] == pytest.approx(60.0)
     assert t.loc["fedmmd", "reached/0.95"] == 1 and t.loc["fedavg", "reached/0.95"] == 1
+    # fedmmd seed 1 never reaches 0.95 (4 rounds: 0..3): it stays in the mean as round 4, a lower bound
+    assert t.loc["fedmmd", "rounds_to/0.95"] == pytest.approx((3 + 4) / 2)
     assert t.loc["fedavg", "global/top1"] == pytest.approx(100 * (0.925 + 0.88) / 2)
     md = "\n".join(rounds_report(df, tmp_path, {"targets": [0.9, 0.95], "published": ["no_such_table"]}))
-    assert "never" not in md and "(1/2 seeds)" in md and "no_such_table" in md
+    assert "never (" not in md and "≥ 3.5 (1/2)" in md and "no_such_table" in md
     assert (tmp_path / "rounds__s__none__homo_lenet.csv").exists()
     assert (tmp_path / "global_curves__s__none__homo_lenet.png").stat().st_size > 0

@@ -86,6 +86,9 @@ def test_validate_merges_like_snakemake_configfile(tmp_path):
     assert merged["engine"] == {"rounds": 3, "local_epochs": 2}
     assert sorted(merged["variants"]) == ["a", "b"]
     assert merged["grid"][0]["methods"] == ["base"]
+    main_cfg.write_text(yaml.safe_dump({**yaml.safe_load(main_cfg.read_text()),
+                                        "report": {"title": "main", "published": ["fccl_plus_table8"]}}))
+    assert snakemake_config(abl, main_cfg)["report"] == {}  # a user grid reports only what it names
     assert snakemake_config(abl, main_cfg, replace=True) == yaml.safe_load(abl.read_text())
     assert snakemake_config(main_cfg, main_cfg) == yaml.safe_load(main_cfg.read_text())
     assert REPO_WORKFLOW_CONFIG.name == "experiments.yaml"

@@ -145,6 +145,24 @@ def test_nothing_left_to_do(ran):
     assert "up to date" in status.stdout
 
 
+def test_html_report_carries_report_md_claims_and_says_what_the_pm_is(ran):
+    """`snakemake --report` bundles report.md and the claims as their own items; its captions say the
+    ± is a 95% CI (not a standard deviation)."""
+    root, _, _ = ran
+    run("snakemake --report report.html", root)
+    html = (root / "report.html").read_text(errors="replace")
+    assert "report.md" in html and "claims.csv" in html
+    assert "95% confidence half-width" in html and "± the standard deviation" not in html
+
+
+def test_user_grid_reports_only_its_own_report_block(ran):
+    root, _, _ = ran
+    own = dict(TINY_GRID, report={"name": "mine"})
+    (root / "user.yaml").write_text(yaml.safe_dump(own))
+    run("snakemake -n --cores 1 --configfile user.yaml", root)
+    assert yaml.safe_load((root / "results/configs/report-mine.yaml").read_text()) == {"name": "mine"}  # no title
+
+
 def test_hyperparameter_change_reruns_only_affected_jobs(ran):
     root, _, _ = ran
     grid = yaml.safe_load((root / "params/experiments.yaml").read_text())

@@ -62,7 +62,9 @@ def snakemake_config(configfile: Path, workflow_config: Path = WORKFLOW_CONFIG, 
     same = Path(configfile).resolve() == Path(workflow_config).resolve()
     if replace or same or not Path(workflow_config).exists():
         return own
-    return deep_merge(load_yaml(workflow_config), own)
+    merged = deep_merge(load_yaml(workflow_config), own)
+    merged["report"] = deep_merge({}, own.get("report") or {})  # a user grid reports only what it names
+    return merged
 
 
 def load_yaml(path: Path) -> dict:

@@ -15,6 +15,16 @@ DATA_PARAMS = config.get("data_params", "params/data.yaml")
 # Execution keys set by a profile or --config, not part of the experiment grid.
 WORKFLOW_KEYS = ("data_params", "gpus_per_job", "threads_per_job")
 GRID = {k: v for k, v in config.items() if k not in WORKFLOW_KEYS}
+# A user grid (--configfile) reports only what it names: its report block replaces the default's
+# instead of being merged into it (else it inherits report.published from params/experiments.yaml).
+_USER_FILES = [f for f in workflow.overwrite_configfiles or []
+               if os.path.abspath(f) != os.path.abspath("params/experiments.yaml")]
+if _USER_FILES:
+    from fedshift.experiments import deep_merge, load_yaml
+
+    GRID["report"] = {}
+    for _f in _USER_FILES:
+        GRID["report"] = deep_merge(GRID["report"], load_yaml(_f).get("report") or {})
 validate(GRID, schema="../schemas/experiments.schema.yaml")
 try:
     PLAN = load_experiments(GRID, DATA_PARAMS)
@@ -169,3 +179,8 @@ def pretrain_runtime(wc, attempt):
     p = pretrain_cfg(wc)["pretrain"]
     est = p["epochs"] * EPOCH_MINUTES * _pixel_scale(wc.scenario) / pretrain_threads(wc) ** 0.5
     return int(max(15, math.ceil(2 * est)) * 2 ** (attempt - 1))
+
+
+def report_labels(wc):
+    """HTML report labels: the kind and the group (scenario__public__structure) or the file type."""
+    return {"kind": wc.kind, "group": getattr(wc, "group", None) or getattr(wc, "ext", "")}

@@ -3,7 +3,9 @@
 # named grid (report.name), see common.smk. The report also compares with the published
 # tables the grid names (report.published) and evaluates the papers' claims, so both are inputs.
 # `snakemake --report report.html` bundles the tables and figures with the captions of
-# workflow/report/ (one entry per file of the report folder, grouped by kind).
+# workflow/report/ (one entry per file of the report folder, grouped by kind), and report.md,
+# the paper delta (delta__<table>.csv/.png, delta_summary.csv), the claims (claims.csv) and the
+# flagged published values as their own items, with captions that say what the ± is.
 
 report: "../report/workflow.rst"
 
@@ -41,10 +43,14 @@ rule report:
     output:
         report(
             directory(REPORT_DIR),
-            patterns=["{kind,[a-z0-9]+(?:_[a-z0-9]+)*}__{group}.png", "{kind,[a-z0-9]+(?:_[a-z0-9]+)*}__{group}.csv"],
+            patterns=[
+                "{kind,[a-z0-9]+(?:_[a-z0-9]+)*}__{group}.png",
+                "{kind,[a-z0-9]+(?:_[a-z0-9]+)*}__{group}.csv",
+                "{kind,report|claims|delta_summary|published_flags|h2l_selected}.{ext,md|csv}",
+            ],
             caption="../report/results.rst",
             category="{kind}",
-            labels={"kind": "{kind}", "group": "{group}"},
+            labels=report_labels,
         ),
     conda:
         "../../environment.yml"

@@ -34,6 +34,7 @@ def load_run(run_dir: Path) -> pd.DataFrame:
     df = pd.read_csv(run_dir / "rounds.csv")
     for col in ID_COLUMNS:
         df[col] = cfg.get(col)
+    df["local_epochs"] = (cfg.get("engine") or {}).get("local_epochs")  # the schedule a proxy section states
     return df
 
 
@@ -75,7 +76,8 @@ def collect(run_dirs: Iterable[Path], out: Path, pretrain_dirs: Iterable[Path] =
             cfgs.append((yaml.safe_load((d / "config.yaml").read_text()), int(load_run(d)["round"].max())))
         frames.append(pretrain_rows(cfgs, pretrain_dirs))
     df = pd.concat(frames, ignore_index=True)
-    cols = ID_COLUMNS + ["round", "participant", "arch", "domain", "kind", "top1", "top5"]
+    cols = ID_COLUMNS + ["round", "participant", "arch", "domain", "kind", "top1", "top5", "local_epochs"]
+    df = df.reindex(columns=list(dict.fromkeys(list(df.columns) + cols)))
     df = df[cols].sort_values(["scenario", "public", "structure", "method", "seed", "round", "participant", "domain"])
     atomic_write_text(Path(out), df.to_csv(index=False))
     return df

@@ -61,7 +61,13 @@ def participant_curves(df: pd.DataFrame, path: Path, title: str, methods: Option
     sns.set_theme(style="whitegrid", context="paper")
     fig, axes = plt.subplots(2, len(parts), figsize=(2.8 * len(parts) + 1.6, 5.2), sharex=True, sharey="row",
                              squeeze=False)
-    palette = dict(zip(order, sns.color_palette("tab10", len(order))))
+    from matplotlib.ticker import MaxNLocator
+
+    from .frames import participant_archs
+    from .palette import method_colours
+
+    palette = method_colours(order)  # the same colour per method in every figure of the report
+    archs = participant_archs(df[df["method"] != "base_pretrain"])
     for row, kind in enumerate(("inter", "intra")):
         for col, p in enumerate(parts):
             ax = axes[row, col]
@@ -69,7 +75,8 @@ def participant_curves(df: pd.DataFrame, path: Path, title: str, methods: Option
             sns.lineplot(data=d, x="round", y=metric, hue="method", hue_order=order, palette=palette, marker="o",
                          markersize=3, errorbar="sd" if d["seed"].nunique() > 1 else None, ax=ax, legend=False)
             where = "others' domains" if kind == "inter" else "own domain"
-            ax.set_title(f"{p} ({where})", fontsize=9)
+            ax.set_title(f"{p}" + (f" [{archs[p]}]" if p in archs else "") + f" ({where})", fontsize=9)
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers
             ax.set_xlabel("round" if row == 1 else "")
             ax.set_ylabel(f"{kind} {metric} (%)" if col == 0 else "")
     handles = [plt.Line2D([], [], color=palette[m], marker="o", label=m) for m in order]
@@ -202,7 +209,8 @@ def ablation_bars(table: pd.DataFrame, std: Optional[pd.DataFrame], path: Path, 
     fig, ax = plt.subplots(figsize=(max(4.0, 0.9 * len(x) + 2), 3.6))
     colours = {"AVG→": "#4C72B0", "AVG↩": "#DD8452"}
     for i, c in enumerate(cols):
-        err = std[c].reindex(table.index).values if std is not None and c in std.columns else None
+        err = (std[c].reindex(table.index).fillna(0).values  # one seed: no spread, no bar
+               if std is not None and c in std.columns else None)
         bars = ax.bar(x + (i - (len(cols) - 1) / 2) * width, table[c].values, width, yerr=err, capsize=3,
                       label="inter-domain (AVG→)" if c == "AVG→" else "intra-domain (AVG↩)", color=colours[c])
         ax.bar_label(bars, fmt="%.1f", fontsize=7, padding=2)

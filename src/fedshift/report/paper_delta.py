@@ -6,24 +6,42 @@
   offline stand-in scenario to the published one (``{digits_offline: digits}``), and every
   comparison through that mapping is labelled *proxy* and compares the AVG only (a stand-in's
   domains are not the paper's, even where a name such as ``mnist`` agrees).
-* Ours: per seed, the headline number of :func:`fedshift.report.report.headline_frame` (mean of
+* Ours: per seed, the headline number of :func:`fedshift.report.frames.headline_frame` (mean of
   the last ``last_k`` rounds) in percent; across seeds the mean ± the 95% confidence half-width
-  of Student's t with n − 1 degrees of freedom (:func:`mean_ci`). FedH2L's WDP / CDP / ACC
+  of Student's t with n − 1 degrees of freedom (:func:`fedshift.report.stats.mean_ci`), rounded
+  once when printed, printed clipped to [0, 100]. FedH2L's WDP / CDP / ACC
   are the engine's pooled rows when the run wrote them (``kind`` wdp / cdp / acc, taken at the
   best validation ACC, :func:`pooled_selected`), else derived from the same frame: WDP = intra
   top-1, CDP = inter top-1 (mean over the other domains), ACC = (WDP + (n − 1) CDP) / n (all
   domains' test sets, equal sizes). Where a run
   table has ``kind == "global"`` rows (a server model evaluated on the test set), they give
-  ``global/top1`` and ``rounds_to/<target>`` (first round reaching the target).
-* Verdict per cell: *within CI* when |ours − published| ≤ the half-width, else *above* /
-  *below*; with one seed there is no interval and the verdict is a point comparison (n = 1).
-* Per table: cells compared, mean |Δ|, count within CI, and whether the methods' ranking on
-  the AVG agrees with the paper's (Kendall τ and "same order").
+  ``global/top1`` and ``rounds_to/<target>`` (first round reaching the target). A seed that never
+  reaches the target stays in the mean, censored at its last round + 1 (the mean is then a lower
+  bound, printed ``≥``, without an interval), and every such cell carries ``reached/n``.
+* The published ``base`` row (the papers' SOLO/BASE: 50 epochs alone) is matched with our
+  ``base_pretrain`` wherever a group has it; our federated ``base`` (no communication, on the
+  federated schedule) then stays as an extra, unmatched row (issue 21 item 3).
+* Verdict per cell (:func:`fedshift.report.stats.verdict`): *agrees within margin* (TOST: the
+  90% interval of Δ inside ±``report.margin`` points, default 3, and the 95% half-width no wider),
+  *differs (above / below)* (the 95% interval of Δ wholly beyond the margin), else
+  *inconclusive* (always with n = 1). Proxy cells (a stand-in scenario) get no verdict: their
+  section states both schedules (``params/papers/schedules.yaml``) and gives the numbers and Δ.
+* Per table: cells compared, mean |Δ|, the verdict counts, and (not for proxies) whether the
+  methods' ranking on the AVG agrees with the paper's (Kendall τ and "same order").
 * The printed averages are re-checked against the printed cells (:func:`check_printed`): an
   AVG that is not the mean of its row, a Δ that is not AVG − BASE AVG, a "reduction" that is
   not (ref − x) / ref. The CSVs carry these as ``flag`` (the printed value is kept).
 * Claims: ``params/papers/claims.yaml`` lists each paper's qualitative conclusions as
-  comparisons (:func:`evaluate_claims`), evaluated on the paper's own tables and on ours.
+  comparisons (:func:`evaluate_claims`), evaluated on the paper's own tables and on ours: a claim
+  holds only when every pair it names was evaluated and holds ("partly evaluable: k of n"
+  otherwise, "NOT held" as soon as one evaluated pair fails); ``structure: homogeneous |
+  heterogeneous`` limits it to our runs of that kind (participants' architectures all equal or
+  not); ``kind: ratio`` compares rounds-to-target ratios (challenger / reference < ``below``,
+  default 1) at every target the runs have when ``metric: rounds_to/*``; a challenger that never
+  reaches the target does NOT hold the claim; ``ratio_vs: <method>`` (rounds claims) prints each
+  side's rounds as a ratio to that method and, on our runs, evaluates the claim at every target they
+  have (an unstated optimiser choice scales every method's rounds, so only ratios compare across
+  schedules); "CI-separated" only when both sides have n ≥ 2.
 """
 
 from __future__ import annotations
@@ -39,12 +57,16 @@ import pandas as pd
 import yaml
 
 from ..errors import ConfigError
+from .frames import headline_frame, is_homogeneous, participant_archs
+from .frames import topk as _topk
+from .stats import (CONFIDENCE, DEFAULT_MARGIN, NO_VERDICT, NOT_RUN, fmt_interval, mean_ci,  # noqa: F401
+                    t_critical, verdict)
 
 COLUMNS = ["paper", "table", "scenario", "method", "participant", "metric", "value", "flag", "note"]
 SPECIAL_PARTICIPANTS = ("avg", "delta_base", "global")  # not a domain: the printed AVG, Δ vs BASE, server model
 ARITHMETIC_FLAGS = ("avg_mismatch", "delta_mismatch", "reduction_mismatch")  # re-checked by check_printed
 TOLERANCE = 0.01  # two-decimal cells: half a unit of the cells' rounding + half of the average's
-CONFIDENCE = 0.95
+BASE, BASE_PRETRAIN = "base", "base_pretrain"  # the published SOLO/BASE row is our base_pretrain
 
 
 # ----------------------------------------------------------------------------- published data
@@ -144,34 +166,6 @@ def check_printed(pub: pd.DataFrame) -> pd.Series:
 # ----------------------------------------------------------------------------- statistics
 
 
-def t_critical(n: int, confidence: float = CONFIDENCE) -> float:
-    """Two-sided Student t quantile with n − 1 degrees of freedom (n = 3: 4.303)."""
-    from scipy import stats
-
-    return float(stats.t.ppf(0.5 + confidence / 2, n - 1)) if n >= 2 else math.nan
-
-
-def mean_ci(values: Iterable[float], confidence: float = CONFIDENCE) -> Tuple[float, float, int]:
-    """(mean, half-width of the confidence interval, n); the half-width is nan for n < 2."""
-    v = np.asarray([x for x in values if not pd.isna(x)], dtype=float)
-    n = len(v)
-    if n == 0:
-        return math.nan, math.nan, 0
-    if n == 1:
-        return float(v[0]), math.nan, 1
-    return float(v.mean()), t_critical(n, confidence) * float(v.std(ddof=1)) / math.sqrt(n), n
-
-
-def verdict(mean: float, half: float, published: float) -> str:
-    """within CI / above / below (a point comparison when there is no interval)."""
-    if pd.isna(mean):
-        return "not run"
-    h = 0.0 if pd.isna(half) else half
-    if abs(mean - published) <= h:
-        return "within CI"
-    return "above" if mean > published else "below"
-
-
 def ranking(ours: Mapping[str, float], published: Mapping[str, float]) -> Tuple[float, bool]:
     """Kendall τ between two scorings of the same methods, and whether the order is identical."""
     common = [m for m in published if m in ours and not pd.isna(ours[m])]
@@ -225,9 +219,9 @@ def ours_long(runs: pd.DataFrame, last_k: int = 3, targets: Sequence[str] = ()) 
     """One row per (scenario, public, structure, method, seed, participant, metric): value in %.
 
     ``participant == "avg"`` is the mean over participants of the same seed (the papers' AVG).
+    ``reached`` is False for a ``rounds_to/<t>`` seed that never reached the target: its value is
+    then the run's last evaluated round + 1 (a lower bound, never dropped).
     """
-    from .report import headline_frame
-
     keys = ["scenario", "public", "structure", "method", "seed"]
     out = []
     local = runs[runs["kind"].isin(["inter", "intra"])]
@@ -255,27 +249,38 @@ def ours_long(runs: pd.DataFrame, last_k: int = 3, targets: Sequence[str] = ()) 
         out.append(g.assign(participant="global", metric="global/top1"))
         for t in targets:
             reached = per_round[per_round["top1"] >= float(t)].groupby(keys, as_index=False)["round"].min()
-            r = per_round[keys].drop_duplicates().merge(reached, how="left", on=keys)
-            out.append(r.rename(columns={"round": "value"}).assign(participant="global", metric=f"rounds_to/{t}"))
+            r = per_round.groupby(keys, as_index=False)["round"].max().rename(columns={"round": "last"})
+            r = r.merge(reached, how="left", on=keys)
+            r["reached"] = r["round"].notna()
+            r["value"] = r["round"].where(r["reached"], r["last"] + 1)  # censored: not reached within the run
+            out.append(r[keys + ["value", "reached"]].assign(participant="global", metric=f"rounds_to/{t}"))
+    cols = keys + ["participant", "metric", "value", "reached"]
     if not out:
-        return pd.DataFrame(columns=keys + ["participant", "metric", "value"])
+        return pd.DataFrame(columns=cols)
     long = pd.concat(out, ignore_index=True)
+    long["reached"] = long["reached"].fillna(True).astype(bool) if "reached" in long else True
     cells = long[~long["participant"].isin(SPECIAL_PARTICIPANTS)]
-    avg = cells.groupby(keys + ["metric"], as_index=False)["value"].mean().assign(participant="avg")
+    avg = cells.groupby(keys + ["metric"], as_index=False)["value"].mean().assign(participant="avg", reached=True)
     long = pd.concat([long, avg], ignore_index=True)
     acc = ~long["metric"].str.startswith("rounds_to/")
     long.loc[acc, "value"] = long.loc[acc, "value"] * 100  # percent, like the papers; rounds stay counts
-    return long[keys + ["participant", "metric", "value"]]
+    return long[cols]
 
 
 def aggregate(long: pd.DataFrame) -> pd.DataFrame:
-    """Mean ± CI over seeds per (scenario, public, structure, method, participant, metric)."""
+    """Mean ± CI over seeds per (scenario, public, structure, method, participant, metric); ``reached``
+    = seeds that reached a rounds-to target (= n elsewhere); a censored mean has no interval."""
     keys = ["scenario", "public", "structure", "method", "participant", "metric"]
     rows = []
+    if "reached" not in long.columns:
+        long = long.assign(reached=True)
     for key, g in long.groupby(keys, sort=False):
         m, h, n = mean_ci(g["value"])
-        rows.append(dict(zip(keys, key), mean=m, ci=h, n=n))
-    return pd.DataFrame(rows, columns=keys + ["mean", "ci", "n"])
+        reached = int(g.loc[g["value"].notna(), "reached"].sum())
+        if reached < n:
+            h = float("nan")  # a lower bound: no symmetric interval
+        rows.append(dict(zip(keys, key), mean=m, ci=h, n=n, reached=reached))
+    return pd.DataFrame(rows, columns=keys + ["mean", "ci", "n", "reached"])
 
 
 # ----------------------------------------------------------------------------- comparison
@@ -298,13 +303,21 @@ class PublishedSpec:
         raise ConfigError(f"report.published: entry {entry!r} must be a table name or {{name, structures, scenarios}}")
 
 
+def _ours_method(methods: Iterable[str], published_method: str) -> str:
+    """Our method a published row is matched with: ``base`` -> ``base_pretrain`` where the group has it."""
+    return BASE_PRETRAIN if published_method == BASE and BASE_PRETRAIN in set(methods) else published_method
+
+
 def compare(agg: pd.DataFrame, pub: pd.DataFrame, scenario_map: Mapping[str, str] = (),
-            spec: Optional[PublishedSpec] = None) -> pd.DataFrame:
-    """Every published cell that one of our (scenario, public, structure) groups has, judged."""
+            spec: Optional[PublishedSpec] = None, margin: float = DEFAULT_MARGIN) -> pd.DataFrame:
+    """Every published cell that one of our (scenario, public, structure) groups has, judged; our
+    federated ``base`` follows as an extra unmatched row where ``base_pretrain`` took the BASE cells."""
     scenario_map = dict(scenario_map or {})
     spec = spec or PublishedSpec(pub["source"].iloc[0] if len(pub) else "")
     rows = []
     cells = pub[pub["participant"] != "delta_base"]
+    if "reached" not in agg.columns:
+        agg = agg.assign(reached=agg["n"])
     for (scen, public, struct), ours in agg.groupby(["scenario", "public", "structure"], sort=False):
         if spec.structures and struct not in spec.structures or spec.scenarios and scen not in spec.scenarios:
             continue
@@ -315,42 +328,74 @@ def compare(agg: pd.DataFrame, pub: pd.DataFrame, scenario_map: Mapping[str, str
             continue
         ours_parts = set(ours["participant"]) if not proxy else set(SPECIAL_PARTICIPANTS)
         idx = ours.set_index(["method", "participant", "metric"])
+        methods = set(ours["method"])
+        label = None
         for _, r in p.iterrows():
             if r["participant"] not in ours_parts:
                 continue  # a proxy's domains are not the paper's: only AVG (and global) compare
-            key = (r["method"], r["participant"], r["metric"])
+            method = _ours_method(methods, r["method"])
+            key = (method, r["participant"], r["metric"])
             if key not in idx.index:
                 continue
             o = idx.loc[key]
             o = o.iloc[0] if isinstance(o, pd.DataFrame) else o
             label = r["table"] if r["table"].startswith(("Fig", "text")) else f"Table {r['table']}"
+            censored = int(o["reached"]) < int(o["n"])
+            v = NO_VERDICT if proxy else ("inconclusive (censored)" if censored else
+                                          verdict(o["mean"], o["ci"], r["value_num"], int(o["n"]), margin))
             rows.append(dict(table=f"{r['paper']} {label}", source=r["source"], scenario=target, our_scenario=scen,
-                             public=public, structure=struct, method=r["method"], participant=r["participant"],
-                             metric=r["metric"], n=int(o["n"]), ours=o["mean"], ci=o["ci"],
-                             published=r["value_num"], delta=o["mean"] - r["value_num"],
-                             verdict=verdict(o["mean"], o["ci"], r["value_num"]), proxy=proxy, flag=r["flag"],
+                             public=public, structure=struct, method=r["method"], ours_method=method,
+                             participant=r["participant"], metric=r["metric"], n=int(o["n"]),
+                             reached=int(o["reached"]), ours=o["mean"], ci=o["ci"], published=r["value_num"],
+                             delta=o["mean"] - r["value_num"], verdict=v, proxy=proxy, flag=r["flag"],
                              note=r["note"]))
-    cols = ["table", "source", "scenario", "our_scenario", "public", "structure", "method", "participant", "metric",
-            "n", "ours", "ci", "published", "delta", "verdict", "proxy", "flag", "note"]
+        if label is not None and BASE_PRETRAIN in methods and BASE in methods:
+            matched = {(r["participant"], r["metric"]) for r in rows if r["ours_method"] == BASE_PRETRAIN
+                       and r["our_scenario"] == scen and r["public"] == public and r["structure"] == struct}
+            for (part, metric) in sorted(matched):
+                if (BASE, part, metric) not in idx.index:
+                    continue
+                o = idx.loc[(BASE, part, metric)]
+                o = o.iloc[0] if isinstance(o, pd.DataFrame) else o
+                rows.append(dict(table=rows[-1]["table"], source=spec.name, scenario=target, our_scenario=scen,
+                                 public=public, structure=struct, method=f"{BASE} (federated schedule)",
+                                 ours_method=BASE, participant=part, metric=metric, n=int(o["n"]),
+                                 reached=int(o["reached"]), ours=o["mean"], ci=o["ci"], published=math.nan,
+                                 delta=math.nan, verdict="extra: not matched (published BASE = base_pretrain)",
+                                 proxy=proxy, flag="", note=""))
+    cols = ["table", "source", "scenario", "our_scenario", "public", "structure", "method", "ours_method",
+            "participant", "metric", "n", "reached", "ours", "ci", "published", "delta", "verdict", "proxy", "flag",
+            "note"]
     return pd.DataFrame(rows, columns=cols)
 
 
+VERDICT_COUNTS = (("agree", "agrees within margin"), ("inconclusive", "inconclusive"), ("differ", "differs"))
+
+
 def summarize(cells: pd.DataFrame) -> pd.DataFrame:
-    """Per (table, our scenario, public, structure, metric): cells, mean |Δ|, within CI, ranking on AVG."""
+    """Per (table, our scenario, public, structure, metric): cells, mean |Δ|, verdict counts, ranking on
+    AVG (none for proxies: their schedules differ, an order between two stand-in runs is no verdict)."""
     rows = []
     keys = ["table", "scenario", "our_scenario", "public", "structure", "metric"]
+    cells = cells[cells["published"].notna()]  # extra rows (our federated base) are not comparisons
     for key, g in cells.groupby(keys, sort=False):
         avg = g[g["participant"].isin(["avg", "global"])]
+        proxy = bool(g["proxy"].any())
         tau, same = ranking(dict(zip(avg["method"], avg["ours"])), dict(zip(avg["method"], avg["published"])))
-        rows.append(dict(zip(keys, key), cells=len(g), mean_abs_delta=g["delta"].abs().mean(),
-                         within_ci=int((g["verdict"] == "within CI").sum()), min_n=int(g["n"].min()),
-                         methods=avg["method"].nunique(), kendall_tau=tau,
-                         same_order=same if avg["method"].nunique() >= 2 else None, proxy=bool(g["proxy"].any())))
-    return pd.DataFrame(rows, columns=keys + ["cells", "mean_abs_delta", "within_ci", "min_n", "methods",
-                                              "kendall_tau", "same_order", "proxy"])
+        counts = {name: int(g["verdict"].str.startswith(word).sum()) for name, word in VERDICT_COUNTS}
+        rows.append(dict(zip(keys, key), cells=len(g), mean_abs_delta=g["delta"].abs().mean(), **counts,
+                         min_n=int(g["n"].min()), methods=avg["method"].nunique(),
+                         kendall_tau=math.nan if proxy else tau,
+                         same_order=None if proxy or avg["method"].nunique() < 2 else same, proxy=proxy))
+    return pd.DataFrame(rows, columns=keys + ["cells", "mean_abs_delta", "agree", "inconclusive", "differ", "min_n",
+                                              "methods", "kendall_tau", "same_order", "proxy"])
 
 
 # ----------------------------------------------------------------------------- claims
+
+
+STRUCTURES = ("homogeneous", "heterogeneous")
+CLAIM_KINDS = ("order", "ratio")
 
 
 def load_claims(path: Optional[Path] = None) -> List[dict]:
@@ -361,6 +406,14 @@ def load_claims(path: Optional[Path] = None) -> List[dict]:
         for key in ("id", "paper", "text", "metric", "compare"):
             if key not in c:
                 raise ConfigError(f"{path}: claim {c.get('id', '?')!r} lacks {key!r}")
+        if c.get("structure") is not None and c["structure"] not in STRUCTURES:
+            raise ConfigError(f"{path}: claim {c['id']!r}: structure {c['structure']!r} must be one of "
+                              f"{', '.join(STRUCTURES)}")
+        if c.get("kind", "order") not in CLAIM_KINDS:
+            raise ConfigError(f"{path}: claim {c['id']!r}: kind {c['kind']!r} must be one of {', '.join(CLAIM_KINDS)}")
+        if (c.get("kind") == "ratio" or c.get("ratio_vs")) and not str(c["metric"]).startswith("rounds_to/"):
+            raise ConfigError(f"{path}: claim {c['id']!r}: kind ratio needs metric rounds_to/<target> or rounds_to/*, "
+                              f"got {c['metric']!r}")
     return claims
 
 
@@ -371,43 +424,116 @@ def _term(term: str) -> Tuple[str, Optional[str]]:
 
 def _resolve_metric(metric: str, scenario: str) -> str:
     if metric in ("inter", "intra"):
-        from .report import _topk
-
         return f"{metric}/{_topk(scenario)}"
     return metric
 
 
-def _check(claim: dict, lookup, scenario: str) -> Optional[dict]:
-    """Evaluate a claim's comparisons in one group; None when none of its pairs is present."""
-    lower = bool(claim.get("lower_is_better", False))
-    metric = _resolve_metric(claim["metric"], scenario)
+def _pair(a, b, lower: bool, factor: float) -> Optional[bool]:
+    """Does a beat b (a < factor·b when ``lower``, else a > factor·b)? a, b = (mean, ci, n, reached).
+    True / False, or None when censored rounds leave it open. A challenger that never reached its target
+    (reached = 0) does not beat anyone."""
+    (ma, na, ra), (mb, nb, rb) = (a[0], a[2], a[3]), (b[0], b[2], b[3])
+    if not lower:
+        return ma > factor * mb
+    if na > 0 and ra == 0:  # ours, never reached (a printed value has n = 0)
+        return False
+    a_exact, b_exact = ra == na, rb == nb
+    if a_exact and b_exact:
+        return ma < factor * mb
+    if not a_exact and b_exact:  # a's mean is a lower bound
+        return False if ma >= factor * mb else None
+    if a_exact and not b_exact:  # b's mean is a lower bound
+        return True if ma < factor * mb else None
+    return None
+
+
+def _fmt_term(name: str, v) -> str:
+    mean, ci, n, reached = v
+    if n == 0:  # a printed value of the paper: no seeds of ours behind it
+        return f"{name} {mean:.2f}"
+    if reached < n:
+        return f"{name} ≥ {mean:.2f} (reached {reached}/{n})"
+    return f"{name} {fmt_interval(mean, ci, n, bounded=False)} (n={n})"
+
+
+def _check(claim: dict, lookup, scenario: str, metric: Optional[str] = None) -> Optional[dict]:
+    """Evaluate a claim's pairs in one group; None when none of its pairs is present there."""
+    lower = bool(claim.get("lower_is_better", False)) or claim.get("kind") == "ratio"
+    ratio = claim.get("kind") == "ratio"
+    factor = float(claim.get("below", 1.0)) if ratio else 1.0
+    metric = metric or _resolve_metric(claim["metric"], scenario)
     part = claim.get("participant", "avg")
-    done, lines, held, separated = 0, [], True, True
+    total = len(claim["compare"])
+    done, lines, failed, open_, separated = 0, [], False, 0, True
     for a, b in claim["compare"]:
         va, vb = lookup(*_term(a), metric, part), lookup(*_term(b), metric, part)
-        if va is None or vb is None or pd.isna(va[0]) or pd.isna(vb[0]):  # absent, or never reached (rounds_to)
+        if va is None or vb is None or pd.isna(va[0]) or pd.isna(vb[0]):
+            lines.append(f"{a} vs {b}: not evaluated ({a if va is None or pd.isna(va[0]) else b} absent)")
             continue
         done += 1
-        ok = va[0] < vb[0] if lower else va[0] > vb[0]
-        held &= ok
-        ha, hb = (0 if pd.isna(x[1]) else x[1] for x in (va, vb))
-        separated &= ok and (va[0] + ha < vb[0] - hb if lower else va[0] - ha > vb[0] + hb)
-        fmt = lambda name, v: f"{name} {v[0]:.2f}" + (f" ± {v[1]:.2f} (n={v[2]})" if v[2] > 1 else f" (n={v[2]})")
-        lines.append(f"{fmt(a, va)} {'<' if lower else '>'} {fmt(b, vb)}: {'yes' if ok else 'NO'}")
+        ok = _pair(va, vb, lower, factor)
+        ok = None if ok is None else bool(ok)  # numpy bools are not the singletons `is` compares
+        if ok is None:
+            open_ += 1
+        failed |= ok is False
+        both_ci = va[2] >= 2 and vb[2] >= 2 and not pd.isna(va[1]) and not pd.isna(vb[1]) and not ratio
+        separated &= bool(ok) and both_ci and (va[0] + va[1] < vb[0] - vb[1] if lower else va[0] - va[1] > vb[0] + vb[1])
+        word = {True: "yes", False: "NO", None: "open (censored)"}[ok]
+        ref = claim.get("ratio_vs")
+        vr = lookup(ref, None, metric, part) if ref else None
+        if ref and vr is not None and not pd.isna(vr[0]) and vr[0]:
+            lines.append(f"{a} / {ref} = {va[0] / vr[0]:.2f}, {b} / {ref} = {vb[0] / vr[0]:.2f}: "
+                         f"{a} {'<' if lower else '>'} {b}: {word}")
+        elif ratio:
+            r = va[0] / vb[0] if vb[0] else math.nan
+            bound = "≤ " if va[3] == va[2] and vb[3] < vb[2] else ("≥ " if va[3] < va[2] and vb[3] == vb[2] else "")
+            lines.append(f"{_fmt_term(a, va)} / {_fmt_term(b, vb)} = {bound}{r:.2f} < {factor:g}: {word}")
+        else:
+            lines.append(f"{_fmt_term(a, va)} {'<' if lower else '>'} {_fmt_term(b, vb)}: {word}")
     if not done:
         return None
-    return dict(held=held, separated=separated and done > 0, pairs=f"{done}/{len(claim['compare'])}",
-                numbers="; ".join(lines), metric=metric)
+    if failed:
+        status = "NOT held"
+    elif done < total or open_:
+        status = f"partly evaluable: {done - open_} of {total}"
+    else:
+        status = "held"
+    return dict(status=status, held=status == "held", separated=status == "held" and separated,
+                pairs=f"{done - open_}/{total}", numbers="; ".join(lines), metric=metric)
+
+
+def _metrics(claim: dict, available: Iterable[str], scenario: str, ours: bool = False) -> List[str]:
+    """The concrete metrics a claim is evaluated on: ``rounds_to/*`` = every rounds target present; a
+    ``ratio_vs`` claim on our runs, too (our targets need not be the paper's: only the ratio compares)."""
+    if claim["metric"] == "rounds_to/*" or (ours and claim.get("ratio_vs")):
+        return sorted({m for m in available if str(m).startswith("rounds_to/")})
+    return [_resolve_metric(claim["metric"], scenario)]
+
+
+def group_kinds(runs: pd.DataFrame) -> Dict[Tuple[str, str, str], str]:
+    """(scenario, public, structure) -> homogeneous / heterogeneous, from the participants' architectures."""
+    if "arch" not in runs.columns:
+        return {}
+    fed = runs[runs["method"] != BASE_PRETRAIN]
+    return {key: STRUCTURES[0] if is_homogeneous(g) else STRUCTURES[1]
+            for key, g in fed.groupby(["scenario", "public", "structure"], sort=False)}
 
 
 def evaluate_claims(claims: List[dict], agg: Optional[pd.DataFrame], published: Dict[str, pd.DataFrame],
-                    scenario_map: Mapping[str, str] = (), paper_tables: Optional[Iterable[str]] = None) -> pd.DataFrame:
-    """held / not held per claim, on the paper's own tables (those in ``paper_tables``, default all)
-    and, per (scenario, public, structure) group where its methods ran, on ours."""
+                    scenario_map: Mapping[str, str] = (), paper_tables: Optional[Iterable[str]] = None,
+                    kinds: Optional[Mapping[Tuple[str, str, str], str]] = None) -> pd.DataFrame:
+    """held / NOT held / partly evaluable per claim, on the paper's own tables (those in ``paper_tables``,
+    default all) and, per (scenario, public, structure) group where its methods ran, on ours. ``kinds``
+    (:func:`group_kinds`) limits a claim with ``structure`` to our groups of that kind; a group of unknown
+    kind is skipped for such a claim."""
     scenario_map = dict(scenario_map or {})
+    kinds = dict(kinds or {})
     rows = []
     for c in claims:
         scope = set(c.get("scenarios", []))
+        want_kind = c.get("structure")
+        base = dict(id=c["id"], paper=c["paper"], claim=c["text"], source=c.get("source", ""),
+                    claim_structure=want_kind or "")
         # the paper's own numbers
         names = [t for t in c.get("published", []) if t in published and (paper_tables is None or t in paper_tables)]
         for name in names:  # each published table on its own (the same method can differ between tables)
@@ -419,57 +545,90 @@ def evaluate_claims(claims: List[dict], agg: Optional[pd.DataFrame], published: 
                 def look(method, at, metric, part, scen=scen, p=p):
                     hit = p[(p["scenario"] == (at or scen)) & (p["method"] == method) & (p["metric"] == metric)
                             & (p["participant"] == part)]
-                    return (hit["value_num"].iloc[0], math.nan, 1) if len(hit) else None
+                    return (hit["value_num"].iloc[0], math.nan, 0, 0) if len(hit) else None  # n = 0: printed
 
-                r = _check(c, look, scen)
-                if r:
-                    rows.append(dict(id=c["id"], paper=c["paper"], claim=c["text"], source=c.get("source", ""),
-                                     who=f"paper ({name})", scenario=scen, our_scenario="", public="", structure="",
-                                     proxy=False, **r))
+                for metric in _metrics(c, p.loc[p["scenario"] == scen, "metric"], scen):
+                    r = _check(c, look, scen, metric)
+                    if r:
+                        rows.append(dict(base, who=f"paper ({name})", scenario=scen, our_scenario="", public="",
+                                         structure="", proxy=False, **r))
         if agg is None or agg.empty:
             continue
+        if "reached" not in agg.columns:
+            agg = agg.assign(reached=agg["n"])
         for (scen, public, struct), g in agg.groupby(["scenario", "public", "structure"], sort=False):
             target = scenario_map.get(scen, scen)
             if scope and target not in scope:
                 continue
+            if want_kind and kinds.get((scen, public, struct)) != want_kind:
+                continue  # a claim about homogeneous models says nothing about heterogeneous runs, and vice versa
             sub = agg[(agg["public"] == public) & (agg["structure"] == struct)]
 
             def look(method, at, metric, part, scen=scen, sub=sub):
                 want = scen
                 if at:
                     want = next((s for s in sub["scenario"].unique() if scenario_map.get(s, s) == at), None)
-                hit = sub[(sub["scenario"] == want) & (sub["method"] == method) & (sub["metric"] == metric)
-                          & (sub["participant"] == part)]
-                return (hit["mean"].iloc[0], hit["ci"].iloc[0], int(hit["n"].iloc[0])) if len(hit) else None
+                here = sub[sub["scenario"] == want]
+                method = _ours_method(here["method"], method)
+                hit = here[(here["method"] == method) & (here["metric"] == metric) & (here["participant"] == part)]
+                if not len(hit):
+                    return None
+                h = hit.iloc[0]
+                return (h["mean"], h["ci"], int(h["n"]), int(h["reached"]))
 
-            r = _check(c, look, target)
-            if r:
-                rows.append(dict(id=c["id"], paper=c["paper"], claim=c["text"], source=c.get("source", ""),
-                                 who="ours", scenario=target, our_scenario=scen, public=public, structure=struct,
-                                 proxy=target != scen, **r))
-    cols = ["id", "paper", "claim", "source", "who", "scenario", "our_scenario", "public", "structure", "proxy",
-            "metric", "held", "separated", "pairs", "numbers"]
+            for metric in _metrics(c, g["metric"], target, ours=True):
+                r = _check(c, look, target, metric)
+                if r:
+                    rows.append(dict(base, who="ours", scenario=target, our_scenario=scen, public=public,
+                                     structure=struct, proxy=target != scen, **r))
+    cols = ["id", "paper", "claim", "source", "claim_structure", "who", "scenario", "our_scenario", "public",
+            "structure", "proxy", "metric", "status", "held", "separated", "pairs", "numbers"]
     out = pd.DataFrame(rows, columns=cols)
-    return out.drop_duplicates(subset=["id", "who", "scenario", "our_scenario", "public", "structure", "numbers"])
+    return out.drop_duplicates(subset=["id", "who", "scenario", "our_scenario", "public", "structure", "metric",
+                                       "numbers"])
 
 
 # ----------------------------------------------------------------------------- rendering
 
 
 def _fmt_ours(r) -> str:
-    if r["n"] > 1:
-        return f"{r['ours']:.2f} ± {r['ci']:.2f}"
-    return f"{r['ours']:.2f}"
+    if r["metric"].startswith("rounds_to/"):
+        if r["reached"] < r["n"]:
+            return f"≥ {r['ours']:.1f} (reached {r['reached']}/{r['n']})"
+        return fmt_interval(r["ours"], r["ci"], r["n"], bounded=False, digits=1) + f" (reached {r['reached']}/{r['n']})"
+    return fmt_interval(r["ours"], r["ci"], r["n"])
 
 
-def cells_markdown(cells: pd.DataFrame, title: str) -> str:
-    lines = [f"### {title}", "",
-             "| method | participant | metric | n | ours (mean ± 95% CI) | published | Δ | verdict |",
-             "|---|---|---|---:|---:|---:|---:|---|"]
+def _fmt_delta(r) -> str:
+    if pd.isna(r["delta"]):
+        return "–"
+    return ("≥ " if r["reached"] < r["n"] else "") + f"{r['delta']:+.2f}"
+
+
+def cells_markdown(cells: pd.DataFrame, title: str, margin: float = DEFAULT_MARGIN, schedule: str = "") -> str:
+    """One section's cells. A proxy section (our stand-in scenario) opens with both schedules and has no
+    verdict column: its numbers and Δ are shown, not judged."""
+    proxy = bool(cells["proxy"].any())
+    head = "| method | participant | metric | n | ours (mean ± 95% CI) | published | Δ |"
+    rule = "|---|---|---|---:|---:|---:|---:|"
+    lines = [f"### {title}", ""]
+    if proxy:
+        lines += [schedule, "", "No verdicts here: a stand-in run on another schedule cannot agree or differ "
+                  "with the paper; the numbers and Δ are for orientation only.", ""]
+    else:
+        head, rule = head + f" verdict (margin ±{margin:g}) |", rule + "---|"
+    lines += [head, rule]
     for _, r in cells.iterrows():
-        pub = f"{r['published']:.2f}" + (" ⚑" if r["flag"] else "")
-        lines.append(f"| {r['method']} | {r['participant']} | {r['metric']} | {r['n']} | {_fmt_ours(r)} | {pub} | "
-                     f"{r['delta']:+.2f} | {r['verdict']}{' (n=1, no CI)' if r['n'] == 1 else ''} |")
+        pub = "–" if pd.isna(r["published"]) else f"{r['published']:.2f}" + (" ⚑" if r["flag"] else "")
+        name = r["method"] if r["ours_method"] in (r["method"], BASE) else f"{r['method']} (ours: {r['ours_method']})"
+        row = (f"| {name} | {r['participant']} | {r['metric']} | {r['n']} | {_fmt_ours(r)} | {pub} | "
+               f"{_fmt_delta(r)} |")
+        if not proxy:
+            row += f" {r['verdict']}{' (n = 1: no CI)' if r['n'] == 1 else ''} |"
+        lines.append(row)
+    if (cells["ours_method"] == BASE_PRETRAIN).any():
+        lines.append("\nThe published `base` (SOLO/BASE) row is matched with our `base_pretrain`; our federated "
+                     "`base` is listed as an extra, unmatched row.")
     flagged = cells[cells["flag"] != ""]
     for _, r in flagged.drop_duplicates("flag").iterrows():
         lines.append(f"\n⚑ {r['method']} / {r['participant']}: {r['flag']}")
@@ -481,25 +640,56 @@ def cells_markdown(cells: pd.DataFrame, title: str) -> str:
 
 
 def summary_markdown(summary: pd.DataFrame) -> str:
-    lines = ["| table | scenario (ours) | public / structure | metric | cells | mean \\|Δ\\| | within CI | "
-             "ranking τ | same order |", "|---|---|---|---|---:|---:|---:|---:|---|"]
+    lines = ["| table | scenario (ours) | public / structure | metric | cells | mean \\|Δ\\| | agree / inconclusive / "
+             "differ | ranking τ | same order |", "|---|---|---|---|---:|---:|---|---:|---|"]
     for _, r in summary.iterrows():
         scen = r["scenario"] + (f" (proxy: {r['our_scenario']})" if r["proxy"] else "")
         tau = "" if pd.isna(r["kendall_tau"]) else f"{r['kendall_tau']:+.2f}"
         same = "" if r["same_order"] is None or pd.isna(r["same_order"]) else ("yes" if r["same_order"] else "no")
+        counts = ("no verdicts (proxy)" if r["proxy"] else
+                  f"{r['agree']} / {r['inconclusive']} / {r['differ']} (min n={r['min_n']})")
         lines.append(f"| {r['table']} | {scen} | {r['public']} / {r['structure']} | {r['metric']} | {r['cells']} | "
-                     f"{r['mean_abs_delta']:.2f} | {r['within_ci']}/{r['cells']} (min n={r['min_n']}) | {tau} | {same} |")
+                     f"{r['mean_abs_delta']:.2f} | {counts} | {tau} | {same} |")
     return "\n".join(lines) + "\n"
 
 
 def claims_markdown(claims: pd.DataFrame) -> str:
-    lines = ["| claim | paper | where | held | numbers |", "|---|---|---|---|---|"]
+    lines = ["| claim | paper | where | verdict | numbers |", "|---|---|---|---|---|"]
     for _, r in claims.iterrows():
         where = (f"{r['who']}: {r['scenario']}" if r["who"].startswith("paper") else
-                 f"ours: {r['our_scenario']} / {r['public']} / {r['structure']}" + (f" (proxy for {r['scenario']})" if r["proxy"] else ""))
-        held = ("held" + (" (CI-separated)" if r["separated"] and r["who"] == "ours" else "")) if r["held"] else "NOT held"
-        lines.append(f"| {r['id']}: {r['claim']} | {r['paper']} | {where} | {held} | {r['pairs']} pairs: {r['numbers']} |")
+                 f"ours: {r['our_scenario']} / {r['public']} / {r['structure']}"
+                 + (f" (proxy for {r['scenario']}: another schedule)" if r["proxy"] else ""))
+        if r["claim_structure"]:
+            where += f" [{r['claim_structure']} claim]"
+        status = r["status"] + (" (CI-separated)" if r["separated"] and r["who"] == "ours" else "")
+        lines.append(f"| {r['id']}: {r['claim']} | {r['paper']} | {where} | {status} | {r['pairs']} pairs: "
+                     f"{r['numbers']} |")
     return "\n".join(lines) + "\n"
+
+
+def _schedules(path: Optional[Path] = None) -> dict:
+    path = Path(path) if path else (Path("params/papers/schedules.yaml") if Path("params/papers/schedules.yaml").is_file()
+                                    else _repo_root() / "params/papers/schedules.yaml")
+    return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}
+
+
+def schedule_note(runs: pd.DataFrame, source: str, paper: str, our_scenario: str, public: str, structure: str,
+                  schedules: Mapping) -> str:
+    """Both schedules of a proxy comparison, side by side (data, rounds, local epochs, models)."""
+    g = runs[(runs["scenario"] == our_scenario) & (runs["public"] == public) & (runs["structure"] == structure)
+             & (runs["method"] != BASE_PRETRAIN)]
+    archs = participant_archs(g[g["participant"] != "global"])
+    rounds = int(g["round"].max()) if len(g) else "?"
+    epochs = (", ".join(str(int(e)) for e in sorted(g["local_epochs"].dropna().unique()))
+              if "local_epochs" in g.columns and g["local_epochs"].notna().any() else "not recorded in runs.csv")
+    models = ", ".join(f"{p} {a}" for p, a in archs.items()) or "?"
+    theirs = schedules.get(source) or schedules.get(f"default_{paper}")
+    ours = (f"**Schedule differs.** Ours: data {our_scenario} (public {public}), {rounds} rounds, local epochs "
+            f"{epochs}, models {models}.")
+    if not theirs:
+        return ours + " The paper's: not recorded in params/papers/schedules.yaml."
+    return (ours + f" The paper's: data {theirs.get('data', '?')}, {theirs.get('rounds', '?')} rounds, local epochs "
+            f"{theirs.get('local_epochs', '?')}, models {theirs.get('models', '?')} ({theirs.get('source', '')}).")
 
 
 def delta_figure(cells: pd.DataFrame, path: Path, title: str) -> None:
@@ -510,10 +700,14 @@ def delta_figure(cells: pd.DataFrame, path: Path, title: str) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from .palette import method_colours
+
+    cells = cells[cells["published"].notna()].copy()
+    if "ours_method" in cells.columns:  # the published BASE is drawn as (and coloured like) our base_pretrain
+        cells["method"] = [m if o == m else f"{m} = ours {o}" for m, o in zip(cells["method"], cells["ours_method"])]
     metrics = list(dict.fromkeys(cells["metric"]))
     methods = list(dict.fromkeys(cells["method"]))
-    cmap = plt.get_cmap("tab10" if len(methods) <= 10 else "tab20")
-    colour = {m: cmap(i % cmap.N) for i, m in enumerate(methods)}
+    colour = {m: method_colours([m.split(" = ours ")[-1]])[m.split(" = ours ")[-1]] for m in methods}
     cols = min(len(metrics), 3)
     rows = -(-len(metrics) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.8 * rows), squeeze=False)
@@ -524,18 +718,25 @@ def delta_figure(cells: pd.DataFrame, path: Path, title: str) -> None:
             for summary in (False, True):
                 gg = g[g["participant"].isin(["avg", "global"]) == summary]
                 if len(gg):
-                    ax.errorbar(gg["published"], gg["ours"], yerr=gg["ci"].fillna(0), fmt="s" if summary else "o",
+                    bounded = not metric.startswith("rounds_to/")  # accuracy intervals drawn inside [0, 100]
+                    ci = gg["ci"].fillna(0)
+                    lo = (gg["ours"] - ci).clip(lower=0) if bounded else gg["ours"] - ci
+                    hi = (gg["ours"] + ci).clip(upper=100) if bounded else gg["ours"] + ci
+                    yerr = [gg["ours"] - lo, hi - gg["ours"]]
+                    ax.errorbar(gg["published"], gg["ours"], yerr=yerr, fmt="s" if summary else "o",
                                 ms=8 if summary else 4, color=colour[m], capsize=3, alpha=0.9,
                                 markeredgecolor="black" if summary else "none")
         err = c["ci"].fillna(0)
         lo = float(min(c["published"].min(), (c["ours"] - err).min()))
         hi = float(max(c["published"].max(), (c["ours"] + err).max()))
+        if not metric.startswith("rounds_to/"):
+            lo, hi = max(lo, 0.0), min(hi, 100.0)
         pad = (hi - lo) * 0.08 + 1
         ax.plot([lo - pad, hi + pad], [lo - pad, hi + pad], color="grey", lw=1, ls="--")
         ax.set_xlim(lo - pad, hi + pad)
         ax.set_ylim(lo - pad, hi + pad)
         ax.set_title(metric, fontsize=10)
-        ax.set_xlabel("published")
+        ax.set_xlabel("published (%)" if not metric.startswith("rounds_to/") else "published (rounds)")
         ax.set_ylabel("ours: mean ± 95% CI over seeds")
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(metrics):]:
@@ -543,8 +744,11 @@ def delta_figure(cells: pd.DataFrame, path: Path, title: str) -> None:
     handles = [plt.Line2D([], [], marker="s", ls="", color=colour[m], markeredgecolor="black", label=m) for m in methods]
     handles.append(plt.Line2D([], [], ls="--", color="grey", label="ours = published"))
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), fontsize=8, frameon=False)
-    fig.suptitle(title + "  (square = AVG, circle = a participant)", fontsize=10)
-    fig.tight_layout(rect=(0, 0.06 + 0.03 * (len(handles) > 4), 1, 1))
+    import textwrap
+
+    fig.suptitle("\n".join(textwrap.wrap(title + " (square = AVG, circle = a participant)", 40 * cols + 20)),
+                 fontsize=10)
+    fig.tight_layout(rect=(0, 0.06 + 0.03 * (len(handles) > 4), 1, 0.97))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -554,6 +758,15 @@ def published_inconsistencies(published: Dict[str, pd.DataFrame]) -> pd.DataFram
     flagged = [p[p["flag"] != ""] for p in published.values()]
     cols = ["source", "paper", "table", "scenario", "method", "participant", "metric", "value", "flag"]
     return pd.concat(flagged, ignore_index=True)[cols] if flagged else pd.DataFrame(columns=cols)
+
+
+def report_margin(report_cfg: Mapping) -> float:
+    """``report.margin`` (percentage points), default :data:`DEFAULT_MARGIN`; a clear error otherwise."""
+    m = report_cfg.get("margin", DEFAULT_MARGIN)
+    if isinstance(m, bool) or not isinstance(m, (int, float)) or not m > 0:
+        raise ConfigError(f"report.margin: {m!r} must be a positive number of percentage points (default "
+                          f"{DEFAULT_MARGIN:g})")
+    return float(m)
 
 
 def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k: int = 3,
@@ -567,23 +780,32 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
     tables = {s.name: load_published(s.name, published_root) for s in specs}
     targets = sorted({m.split("/", 1)[1] for t in tables.values() for m in t["metric"] if m.startswith("rounds_to/")})
     agg = aggregate(ours_long(runs, last_k, targets))
+    margin = report_margin(report_cfg)
+    schedules = _schedules()
     md = ["## Paper delta", "",
           "Ours: mean over seeds ± the 95% confidence half-width (Student t, n − 1 degrees of freedom; n shown) of "
-          f"the mean of the last {last_k} rounds. Verdict: *within CI* when |Δ| ≤ half-width, else above / below "
-          "(with n = 1 a point comparison). *proxy*: our scenario stands in for the published one (AVG cells only: "
-          "its domains are not the paper's). ⚑ = the printed value does not recompute (kept as printed).", ""]
+          f"the mean of the last {last_k} rounds, rounded once; an interval beyond 0 or 100 is printed clipped as "
+          f"`mean [low, high]`. Verdict against a margin of ±{margin:g} points (`report.margin`): **agrees within "
+          "margin** when the 90% interval of Δ = ours − published lies inside ±margin (two one-sided t tests at 5%) "
+          "and the 95% half-width is no wider than the margin; **differs** when the 95% interval of Δ lies wholly "
+          "beyond the margin; otherwise **inconclusive** (always with n = 1, which has no interval). "
+          "Rounds to a target: a seed that never reaches it counts as its last round + 1 (`≥`: a lower bound), "
+          "with `reached k/n`. **Proxy** sections (our scenario stands in for the published one; AVG cells only, "
+          "its domains are not the paper's) state both schedules and give no verdicts. ⚑ = the printed value does "
+          "not recompute (kept as printed).", ""]
     all_cells = []
     for spec in specs:
-        cells = compare(agg, tables[spec.name], scenario_map, spec)
+        cells = compare(agg, tables[spec.name], scenario_map, spec, margin)
         if cells.empty:
-            md.append(f"*{spec.name}: no run of this grid matches the published table's scenarios/methods.*\n")
+            md.append(f"{spec.name}: no run of this grid matches the published table's scenarios/methods.\n")
             continue
         all_cells.append(cells)
         cells.to_csv(out_dir / f"delta__{spec.name}.csv", index=False)
         for (scen, our, pubset, struct), g in cells.groupby(["scenario", "our_scenario", "public", "structure"], sort=False):
             label = f"{g['table'].iloc[0]}: {scen}" + (f" — PROXY: ours on {our}" if our != scen else "") + f" / {pubset} / {struct}"
-            md.append(cells_markdown(g, label))
-        title = f"{cells['table'].iloc[0]}: ours vs published" + (" (proxy)" if cells["proxy"].any() else "")
+            note = schedule_note(runs, spec.name, g["table"].iloc[0].split(" ")[0], our, pubset, struct, schedules)
+            md.append(cells_markdown(g, label, margin, note))
+        title = f"{cells['table'].iloc[0]}: ours vs published" + (" (proxy: other schedule)" if cells["proxy"].any() else "")
         delta_figure(cells, out_dir / f"delta__{spec.name}.png", title)
         md.append(f"![delta](delta__{spec.name}.png)\n")
     if all_cells:
@@ -592,16 +814,22 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
         md += ["### Per-table summary", "", summary_markdown(summary)]
     claims = load_claims(claims_file) if (claims_file or claims_path().is_file()) else []
     wanted = {s.name for s in specs}
-    verdicts = evaluate_claims(claims, agg, published, scenario_map, paper_tables=wanted)
+    verdicts = evaluate_claims(claims, agg, published, scenario_map, paper_tables=wanted, kinds=group_kinds(runs))
     verdicts.to_csv(out_dir / "claims.csv", index=False)
     if len(verdicts):
-        md += ["### Claims", "", claims_markdown(verdicts)]
+        md += ["### Claims", "", "A claim is held only when every pair it names was evaluated and holds; NOT held "
+               "as soon as one evaluated pair fails; otherwise partly evaluable (k of n pairs). A claim naming a "
+               "structure is evaluated only on our runs of that kind. CI-separated: both sides have n ≥ 2 and their "
+               "95% intervals do not overlap.", "", claims_markdown(verdicts)]
+
+        def counts(v):
+            c = v["status"].map(lambda x: "partly evaluable" if x.startswith("partly") else x).value_counts()
+            return ", ".join(f"{int(c.get(k, 0))} {k}" for k in ("held", "NOT held", "partly evaluable"))
+
         ours = verdicts[verdicts["who"] == "ours"]
         paper = verdicts[verdicts["who"] != "ours"]
-        md.append(f"Claims on our runs: {int(ours['held'].sum())} held, {int((~ours['held'].astype(bool)).sum())} not "
-                  f"held ({int(ours['proxy'].sum())} of these {len(ours)} evaluations on proxy scenarios); on the "
-                  f"papers' own tables: {int(paper['held'].sum())} held, {int((~paper['held'].astype(bool)).sum())} "
-                  "not held.\n")
+        md.append(f"Claims on our runs: {counts(ours)} ({int(ours['proxy'].sum())} of these {len(ours)} evaluations "
+                  f"on proxy scenarios, another schedule); on the papers' own tables: {counts(paper)}.\n")
     flags = published_inconsistencies({k: v for k, v in published.items() if k in wanted})
     if len(flags):
         flags.to_csv(out_dir / "published_flags.csv", index=False)

@@ -23,32 +23,15 @@ from typing import Dict, List, Optional, Tuple
 import pandas as pd
 
 from ..data.store import atomic_dir
-
-
-def _topk(scenario: str) -> str:
-    try:
-        from ..data import SCENARIOS
-
-        return f"top{SCENARIOS.get(scenario).headline_topk}"
-    except Exception:
-        return "top1"
-
-
-def headline_frame(df: pd.DataFrame, last_k: int = 3) -> pd.DataFrame:
-    """Per (scenario, public, structure, method, seed, participant, kind): mean of the last k rounds
-    (round 0, the starting point, excluded); inter = mean over the other domains first (Eq. 22)."""
-    df = df[df["round"] > 0]
-    keys = ["scenario", "public", "structure", "method", "seed", "round", "participant", "kind"]
-    per_round = df.groupby(keys, as_index=False)[["top1", "top5"]].mean()  # Eq. 22: mean over other domains
-    last = per_round.groupby(["scenario", "public", "structure", "method", "seed"])["round"].transform(
-        lambda r: r.isin(sorted(r.unique())[-last_k:]))
-    tail = per_round[last]
-    return tail.groupby(keys[:5] + ["participant", "kind"], as_index=False)[["top1", "top5"]].mean()
+from .frames import headline_frame, participant_archs  # noqa: F401 (headline_frame: public here too)
+from .frames import topk as _topk
+from .stats import fmt_interval, half_width
 
 
 def paper_table(head: pd.DataFrame, kind: str, metric: str,
                 methods: Optional[List[str]] = None) -> Tuple[pd.DataFrame, pd.DataFrame]:
-    """Rows = methods, columns = participants + AVG + seeds: (mean, std over seeds), in percent."""
+    """Rows = methods, columns = participants + AVG + seeds: (mean, std over seeds), in percent,
+    unrounded (rounding happens once, when printed: the CI of a cell is computed from these)."""
     h = head[head["kind"] == kind]
     arrow = "→" if kind == "inter" else "↩"
     per_seed = h.pivot_table(index=["method", "seed"], columns="participant", values=metric, aggfunc="mean")
@@ -56,40 +39,47 @@ def paper_table(head: pd.DataFrame, kind: str, metric: str,
     per_seed = per_seed[[p for p in parts if p in per_seed.columns]]
     per_seed["AVG"] = per_seed.mean(axis=1)
     mean = per_seed.groupby(level="method").mean() * 100
-    std = per_seed.groupby(level="method").std(ddof=1).fillna(0.0) * 100
+    std = per_seed.groupby(level="method").std(ddof=1) * 100  # nan with one seed: there is no spread to show
     n = per_seed.groupby(level="method").size()
     order = [m for m in (methods or list(mean.index)) if m in mean.index]
     mean, std = mean.loc[order], std.loc[order]
     mean.columns = [f"{c}{arrow}" if c != "AVG" else f"AVG{arrow}" for c in mean.columns]
     std.columns = mean.columns
-    out = mean.round(2)
+    out = mean.copy()
     out["seeds"] = n.loc[order].values
-    return out, std.round(2)
+    return out, std
 
 
 def ci_table(std: pd.DataFrame, n: pd.Series) -> pd.DataFrame:
-    """95% confidence half-width of the seed mean (Student t, n - 1 dof) from the std table; nan for n < 2."""
-    from .paper_delta import t_critical
-
+    """95% confidence half-width of the seed mean (Student t, n - 1 dof) from the unrounded std table;
+    nan for n < 2."""
     half = std.copy()
     for method in std.index:
         k = int(n.loc[method])
-        half.loc[method] = std.loc[method] * t_critical(k) / k ** 0.5 if k >= 2 else float("nan")
-    return half.round(2)
+        half.loc[method] = [half_width(v, k) for v in std.loc[method]]
+    return half
 
 
-def to_markdown(table: pd.DataFrame, title: str, std: Optional[pd.DataFrame] = None) -> str:
+def _header(col: str, archs: Optional[Dict[str, str]]) -> str:
+    """``m20→ (lenet)``: the participant's column with its architecture (heterogeneous tables)."""
+    part = col.rstrip("→↩")
+    return f"{col} ({archs[part]})" if archs and part in archs else col
+
+
+def to_markdown(table: pd.DataFrame, title: str, std: Optional[pd.DataFrame] = None,
+                archs: Optional[Dict[str, str]] = None) -> str:
+    """``std`` here is the 95% half-width table (:func:`ci_table`): ``mean ± half`` (``mean [lo, hi]``
+    where the interval is clipped to [0, 100]); bold = the column's best mean."""
     cols = [c for c in table.columns if c != "seeds"]
-    lines = [f"### {title}", "", "| method | " + " | ".join(cols) + " | seeds |",
+    lines = [f"### {title}", "", "| method | " + " | ".join(_header(c, archs) for c in cols) + " | seeds |",
              "|---|" + "---:|" * len(cols) + "---:|"]
-    best = {c: table[c].max() for c in cols}
+    best = {c: table[c].round(2).max() for c in cols}
     for method, row in table.iterrows():
         cells = []
         for c in cols:
-            v = f"{row[c]:.2f}"
-            if std is not None and row["seeds"] > 1:
-                v += f" ± {std.loc[method, c]:.2f}"
-            if row[c] == best[c] and len(table) > 1:
+            k = int(row["seeds"])
+            v = fmt_interval(row[c], std.loc[method, c] if std is not None else float("nan"), k)
+            if round(row[c], 2) == best[c] and len(table) > 1:
                 v = f"**{v}**"
             cells.append(v)
         lines.append(f"| {method} | " + " | ".join(cells) + f" | {int(row['seeds'])} |")
@@ -97,11 +87,17 @@ def to_markdown(table: pd.DataFrame, title: str, std: Optional[pd.DataFrame] = N
 
 
 def curves_figure(df: pd.DataFrame, path: Path, title: str, methods: Optional[List[str]] = None) -> None:
+    """Mean accuracy over participants per round, one line per method (the report's shared colours),
+    band = ± one std over seeds; labels inside each panel, whole-number round ticks, the participants'
+    architectures under the title."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     import seaborn as sns
+    from matplotlib.ticker import MaxNLocator
+
+    from .palette import method_colours
 
     df = df[df["method"] != "base_pretrain"]  # one point (the pretrain runs' final epoch), no curve
     metric = _topk(df["scenario"].iloc[0])
@@ -109,19 +105,28 @@ def curves_figure(df: pd.DataFrame, path: Path, title: str, methods: Optional[Li
              .groupby(["method", "seed", "round", "kind"], as_index=False)[metric].mean())
     avg[metric] *= 100
     order = [m for m in (methods or sorted(avg["method"].unique())) if m in set(avg["method"])]
+    archs = participant_archs(df)
     sns.set_theme(style="whitegrid", context="notebook")
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4), sharex=True)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.4), sharex=True)
     for ax, kind, label in zip(axes, ("inter", "intra"), ("inter-domain (Eq. 22)", "intra-domain (Eq. 21)")):
         sns.lineplot(data=avg[avg["kind"] == kind], x="round", y=metric, hue="method", hue_order=order,
-                     marker="o", errorbar=("sd") if avg["seed"].nunique() > 1 else None, ax=ax)
-        ax.set_title(label)
-        ax.set_ylabel(f"{metric} accuracy (%), mean over participants")
+                     palette=method_colours(order), marker="o",
+                     errorbar=("sd") if avg["seed"].nunique() > 1 else None, ax=ax)
+        ax.set_title(label, fontsize=11)
+        ax.set_ylabel(f"{metric} accuracy (%)\nmean over participants", fontsize=9)
         ax.set_xlabel("communication round")
-    for ax in axes[1:]:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    handles, labels = axes[0].get_legend_handles_labels()
+    for ax in axes:
         if ax.get_legend():
             ax.get_legend().remove()
-    fig.suptitle(title)
-    fig.tight_layout()
+    fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize=9, frameon=False,
+               title="method" + (" (band: ± 1 sd over seeds)" if avg["seed"].nunique() > 1 else ""),
+               title_fontsize=9)
+    parts = ", ".join(f"{p}: {a}" for p, a in archs.items())
+    fig.suptitle(title + (f"\nparticipants: {parts}" if parts else ""), fontsize=10)
+    rows = -(-len(labels) // 6)
+    fig.tight_layout(rect=(0, 0.08 + 0.05 * rows, 1, 1))
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
@@ -142,7 +147,10 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
         md = [f"# {report_cfg.get('title', 'fedshift report')}", "",
               f"Mean accuracy (%) of the last {last_k} communication rounds, averaged over seeds; ± = 95% "
               "confidence half-width of that mean (Student t, seeds − 1 degrees of freedom; n = the seeds "
-              "column; none with one seed). std_table_*.csv hold the seed std, ci_table_*.csv the half-widths.", ""]
+              "column; no interval with one seed). An interval reaching beyond 0 or 100 is printed clipped, "
+              "as `mean [low, high]`. Numbers are rounded once, when printed. `std_table_*.csv` hold the seed "
+              "std, `ci_table_*.csv` the half-widths (unrounded). A participant's column names its architecture.",
+              ""]
         if (df["method"] == "base_pretrain").any():
             md += ["`base_pretrain` is the papers' SOLO/BASE row: each participant trained alone on its private "
                    "data for `pretrain.epochs` epochs (the pretrain runs, final epoch); `base` is the same without "
@@ -151,14 +159,15 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
         for (scen, pub, struct), h in groups:
             metric = _topk(scen)
             slug = _slug(scen, pub, struct)
+            sub = df[(df.scenario == scen) & (df.public == pub) & (df.structure == struct)]
+            archs = participant_archs(sub[sub["method"] != "base_pretrain"])
             for kind, tname in (("inter", "Table VIII-style inter-domain"), ("intra", "Table IX-style intra-domain")):
                 t, sd = paper_table(h, kind, metric)
                 t.to_csv(tmp / f"table_{kind}__{slug}.csv")
                 sd.to_csv(tmp / f"std_table_{kind}__{slug}.csv")  # std over seeds, same layout
                 ci = ci_table(sd, t["seeds"])
                 ci.to_csv(tmp / f"ci_table_{kind}__{slug}.csv")  # 95% CI half-width, same layout
-                md.append(to_markdown(t, f"{tname} {metric}: {scen} / public {pub} / {struct}", ci))
-            sub = df[(df.scenario == scen) & (df.public == pub) & (df.structure == struct)]
+                md.append(to_markdown(t, f"{tname} {metric}: {scen} / public {pub} / {struct}", ci, archs))
             curves_figure(sub, tmp / f"curves__{slug}.png", f"{scen} / public {pub} / {struct}")
             md.append(f"![curves](curves__{slug}.png)\n")
         named = {}  # (table name, scenario, public, structure) -> (table, std): ablation bar charts
@@ -177,8 +186,10 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
                     t, sd = paper_table(hh, kind, metric, spec["methods"])
                     both.append(t.drop(columns="seeds") if kind == "inter" else t)
                     stds.append(sd)
+                    sub = df[(df.scenario == scen) & (df.public == pub) & (df.structure == struct)]
                     md.append(to_markdown(t, f"{spec.get('title', spec['name'])} ({kind}, {metric}): "
-                                             f"{scen} / {pub} / {struct}", ci_table(sd, t["seeds"])))
+                                             f"{scen} / {pub} / {struct}", ci_table(sd, t["seeds"]),
+                                          participant_archs(sub[sub["method"] != "base_pretrain"])))
                 pd.concat(both, axis=1).to_csv(tmp / f"{spec['name']}__{_slug(scen, pub, struct)}.csv")
                 named[(spec["name"], scen, pub, struct)] = (pd.concat(both, axis=1), pd.concat(stds, axis=1))
         from .paper_delta import delta_report  # published tables (report.published) and the papers' claims
