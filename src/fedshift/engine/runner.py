@@ -197,7 +197,9 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     cfg_hash = checkpoint.config_hash(cfg)
     partial = checkpoint.partial_dir(out_dir)
     checkpoint.write_job_info(partial, cfg_hash, getattr(tracker, "run_id", None))
-    ckpt = checkpoint.load(partial, cfg_hash) if eng.checkpoint_every else None
+    inputs = checkpoint.input_hashes(data.manifests, {f"base/{i}": Path(ck) for i, ck in
+                                                      enumerate(cfg["paths"].get("pretrained") or [])})
+    ckpt = checkpoint.load(partial, cfg_hash, inputs) if eng.checkpoint_every else None
     prog = _Progress(cfg["run_name"], eng.rounds)
     all_rows: List[dict] = []
     history: List[Dict[str, float]] = []
@@ -256,7 +258,7 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
                 and time.time() - last_checkpoint >= eng.checkpoint_min_s):
             t = time.time()
             size = checkpoint.save(partial, {
-                "config_hash": cfg_hash, "round": r, "run_id": getattr(tracker, "run_id", None),
+                "config_hash": cfg_hash, "inputs": inputs, "round": r, "run_id": getattr(tracker, "run_id", None),
                 **checkpoint.federation_state(fed, method),
                 "rows": all_rows, "history": history, "eval_rounds": eval_rounds, "timings": timings,
                 "global_curve": [list(c) for c in global_eval.curve],
@@ -326,7 +328,8 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     cfg_hash = checkpoint.config_hash(cfg)
     partial = checkpoint.partial_dir(out_dir)
     checkpoint.write_job_info(partial, cfg_hash, getattr(tracker, "run_id", None))
-    ckpt = checkpoint.load(partial, cfg_hash) if pc.checkpoint_every else None
+    inputs = checkpoint.input_hashes(data.manifests)
+    ckpt = checkpoint.load(partial, cfg_hash, inputs) if pc.checkpoint_every else None
     prog = _Progress(cfg["run_name"], pc.epochs)
     rows, history = [], []
     timings = {"checkpoint_s": 0.0, "verify_s": verify_s}
@@ -353,7 +356,7 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
         if pc.checkpoint_every and ep % pc.checkpoint_every == 0 and ep < pc.epochs:
             t = time.time()
             timings["checkpoint_bytes"] = checkpoint.save(partial, {
-                "config_hash": cfg_hash, "round": ep, "run_id": getattr(tracker, "run_id", None),
+                "config_hash": cfg_hash, "inputs": inputs, "round": ep, "run_id": getattr(tracker, "run_id", None),
                 "models": [checkpoint.module_state(model)], "optimizer": checkpoint.to_cpu(opt.state_dict()),
                 "rng": {"federation": fed.rng_state(), "global": _torch_rng()},
                 "rows": rows, "history": history})
