@@ -71,7 +71,33 @@ def _data_params(path: Path) -> dict:
     return load_yaml(path)
 
 
+_SAFE_NAME = __import__("re").compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
+
+
+def _stage_name(args, arg: str) -> str:
+    """The dataset/public set/scenario a data stage builds: the positional name, or with
+    ``--dvc-stage`` the part after ``@`` of DVC's ``DVC_STAGE`` (``fetch@mnist5k``).
+
+    dvc.yaml's ``cmd``s name nothing from params/data.yaml (DVC runs ``cmd`` through a shell,
+    so an interpolated ``${item}`` such as ``z$(touch x)`` would run; issue 23 case 5): the
+    name reaches fedshift through the environment, never through a shell, and is checked here.
+    """
+    name = getattr(args, arg)
+    if args.dvc_stage:
+        stage = os.environ.get("DVC_STAGE", "")
+        if "@" not in stage:
+            raise ConfigError(f"--dvc-stage: DVC_STAGE={stage!r} is not a foreach stage (<stage>@<name>); "
+                              f"run it through `dvc repro` or name the {arg} instead")
+        name = stage.split("@", 1)[1]
+    if not name or not _SAFE_NAME.match(name):
+        raise ConfigError(f"params/data.yaml: {arg} name {name!r} is not a plain name "
+                          "(letters, digits, '_', '.', '-'; starting with a letter or digit)")
+    setattr(args, arg, name)
+    return name
+
+
 def cmd_fetch(args) -> None:
+    _stage_name(args, "dataset")  # before importing torch: a bad name fails in a second
     from .data import FetchContext, build
 
     params = _data_params(args.params)
@@ -82,6 +108,7 @@ def cmd_fetch(args) -> None:
 
 
 def cmd_public(args) -> None:
+    _stage_name(args, "name")  # before importing torch: a bad name fails in a second
     from .data import PUBLIC_SETS, build
 
     params = _data_params(args.params)
@@ -92,6 +119,7 @@ def cmd_public(args) -> None:
 
 
 def cmd_partition(args) -> None:
+    _stage_name(args, "scenario")  # before importing torch: a bad name fails in a second
     from .data import DATASETS, build
 
     params = _data_params(args.params)
@@ -210,7 +238,9 @@ def main(argv: List[str] | None = None) -> int:
     for name, fn, arg in (("fetch", cmd_fetch, "dataset"), ("public", cmd_public, "name"),
                           ("partition", cmd_partition, "scenario")):
         p = sub.add_parser(name, help=f"{name} stage (DVC)")
-        p.add_argument(arg)
+        p.add_argument(arg, nargs="?", default=None)
+        p.add_argument("--dvc-stage", action="store_true",
+                       help=f"take the {arg} from DVC_STAGE (<stage>@<{arg}>), as dvc.yaml does")
         p.add_argument("--params", type=Path, default=Path("params/data.yaml"))
         p.add_argument("--out", default=None)
         p.add_argument("--datasets", default="build/datasets", help="folder of fetched datasets")
