@@ -106,3 +106,77 @@ def test_no_params_name_runs_a_shell_command_under_dvc_repro(tmp_path):
         assert not list((tmp_path / str(i)).rglob("PWNED*")), out  # no shell ran any of it
         assert "is not a plain name" in out, out[-3000:]
         assert (root / "build/datasets/photo_patches/manifest.json").exists(), out[-3000:]  # the sane stage ran
+
+
+# ------------------------------------------------- cases 2-3: evaluate and loaded data are checked
+def _copy_partition(tiny_data, tmp_path):
+    part = tmp_path / "partitions/rotmnist"
+    shutil.copytree(tiny_data / "partitions/rotmnist", part)
+    name = store.read_manifest(part)["participants_order"][0]
+    return part, part / name
+
+
+def _rehash(part):
+    m = store.read_manifest(part)
+    m.pop("files")
+    store.write_manifest(part, m)
+
+
+def test_evaluate_checks_sha256_and_label_range(tiny_data, tmp_path):
+    """Case 2: 10 test labels set to 12 in place -> `fedshift evaluate` refuses (it scored them)."""
+    from fedshift.experiments import load_experiments
+
+    build = tmp_path / "build"
+    shutil.copytree(tiny_data, build)
+    exp = {"engine": {"rounds": 1, "local_epochs": 1, "local_batch": 32, "device": "cpu", "threads": 1},
+           "grid": [{"scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": ["fedavg"],
+                     "structures": ["homo_lenet"]}]}
+    (cfg,) = load_experiments(exp, {"scenarios": {"rotmnist": {}}, "public": {"photo_patches": {}}},
+                              results=str(tmp_path / "results"), build=str(build)).federate.values()
+    out = tmp_path / "run"
+    runner.run_federate(cfg, out)
+    part = build / "partitions/rotmnist"
+    name = store.read_manifest(part)["participants_order"][0]
+    y = np.load(part / name / "test_labels.npy")
+    y[:10] = 12
+    np.save(part / name / "test_labels.npy", y, allow_pickle=False)
+    from fedshift.errors import ConfigError
+    with pytest.raises(ConfigError, match="sha256 differs"):
+        runner.evaluate_run(out)
+    _rehash(part)  # even with a manifest that agrees, labels 12 of 10 classes are refused
+    with pytest.raises(ConfigError, match=r"labels span \d+\.\.12, outside 0\.\.9"):
+        runner.evaluate_run(out)
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("nan_float", r"images are float32 .* expected uint8"),
+    ("unit_float", r"images are float64 .* expected uint8"),
+    ("small", r"images are \[\d+, 1, 20, 20\], the manifest says \[\d+, 1, 28, 28\]"),
+    ("num_classes", r"num_classes is 12 but the labels of its splits span 0\.\.9"),
+    ("json", r"manifest.json is not valid JSON"),
+])
+def test_loaded_data_is_checked_against_its_manifest(tiny_data, tmp_path, damage, message):
+    """Case 3: every damage below used to load and train to the end with wrong accuracies."""
+    from fedshift.data.loading import load_federated
+    from fedshift.errors import ConfigError
+
+    part, client = _copy_partition(tiny_data, tmp_path)
+    x = np.load(client / "test_images.npy")
+    if damage == "nan_float":
+        x = x.astype(np.float32)
+        x[0, 0, 0, 0] = np.nan
+    elif damage == "unit_float":
+        x = x / 255.0
+    elif damage == "small":
+        x = np.ascontiguousarray(x[:, :, :20, :20])
+    if damage in ("nan_float", "unit_float", "small"):
+        np.save(client / "test_images.npy", x, allow_pickle=False)
+    _rehash(part)
+    if damage == "num_classes":
+        m = store.read_manifest(part)
+        m["num_classes"] = 12
+        store.write_json(part / store.MANIFEST, m)
+    if damage == "json":
+        (part / store.MANIFEST).write_text('{"name": "rotmnist",')
+    with pytest.raises(ConfigError, match=message):
+        load_federated(part, None, "cpu")

@@ -142,7 +142,49 @@ def read_manifest(folder: Path) -> dict:
     path = Path(folder) / MANIFEST
     if not path.exists():
         raise ConfigError(f"missing {path}; run `dvc repro` to build it")
-    return json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not valid JSON ({exc}); rebuild it with `dvc repro`") from None
+    if not isinstance(manifest, dict):
+        raise ConfigError(f"{path} is not a JSON object; rebuild it with `dvc repro`")
+    return manifest
+
+
+def check_loaded(images: np.ndarray, labels: np.ndarray, info: dict, num_classes: int, where: str) -> None:
+    """A loaded split against its manifest entry (``n``, ``shape``, ``class_counts``): uint8
+    N x C x H x W images of the manifest's shape (uint8 cannot hold NaN/inf or [0, 1] floats),
+    int64 labels in [0, num_classes) whose counts per class are the manifest's. Raises one
+    line naming ``where`` (issue 23: a re-hashed manifest must not let wrong data through)."""
+    fix = "; rebuild it with `dvc repro`"
+    if images.dtype != np.uint8 or images.ndim != 4:
+        raise ConfigError(f"{where}: images are {images.dtype} with {images.ndim} dims, expected uint8 N x C x H x W{fix}")
+    shape = list(info.get("shape", images.shape[1:]))
+    if list(images.shape[1:]) != shape or len(images) != info.get("n", len(images)):
+        raise ConfigError(f"{where}: images are {list(images.shape)}, the manifest says "
+                          f"{[info.get('n', len(images)), *shape]}{fix}")
+    if labels.dtype != np.int64 or labels.shape != (len(images),):
+        raise ConfigError(f"{where}: labels are {labels.dtype} {list(labels.shape)}, expected int64 [{len(images)}]{fix}")
+    if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        raise ConfigError(f"{where}: labels span {int(labels.min())}..{int(labels.max())}, "
+                          f"outside 0..{num_classes - 1}{fix}")
+    if "class_counts" in info and class_counts(labels) != info["class_counts"]:
+        raise ConfigError(f"{where}: labels per class {class_counts(labels)} differ from the manifest's "
+                          f"{info['class_counts']}{fix}")
+
+
+def check_num_classes(manifest: dict, where: str) -> int:
+    """``num_classes`` is an integer >= 2 and every class up to it occurs in some split of some
+    participant (a manifest ``num_classes: 12`` over labels 0..9 would build 12-way heads)."""
+    k = manifest.get("num_classes")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 2:
+        raise ConfigError(f"{where}: num_classes {k!r} must be an integer >= 2; rebuild it with `dvc repro`")
+    seen = {int(c) for p in manifest.get("participants", {}).values()
+            for sp in p.get("splits", {}).values() for c in sp.get("class_counts", {})}
+    if seen and max(seen) + 1 != k:
+        raise ConfigError(f"{where}: num_classes is {k} but the labels of its splits span 0..{max(seen)}; "
+                          "rebuild it with `dvc repro`")
+    return k
 
 
 def verify_manifest(folder: Path) -> None:

@@ -408,7 +408,9 @@ def evaluate_run(run_dir: Path, device: str = "cpu", bf16: Optional[bool] = None
                           "device": device, **({} if bf16 is None else {"bf16": bool(bf16)})})
     dev = _setup_torch(device, eng.threads)
     check_bf16(eng.bf16, dev)
+    verify_inputs([Path(cfg["paths"]["partition"])])  # a test set changed in place must not be scored
     data = load_federated(Path(cfg["paths"]["partition"]), None, dev, cfg.get("participants"))
+    check_labels(data)
     archs = [saved[name]["arch"] for name in data.names]
     models = build_models(archs, data.num_classes, data.image_shape[0], eng.norm, int(cfg["seed"]))
     for m, name in zip(models, data.names):
