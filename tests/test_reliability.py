@@ -180,3 +180,81 @@ def test_loaded_data_is_checked_against_its_manifest(tiny_data, tmp_path, damage
         (part / store.MANIFEST).write_text('{"name": "rotmnist",')
     with pytest.raises(ConfigError, match=message):
         load_federated(part, None, "cpu")
+
+
+# -------------------------------------------------------------- case 6: full disk, file-size limit
+_FSIZE = r"""
+import resource, sys, torch
+from pathlib import Path
+from fedshift.engine import checkpoint, runner
+from fedshift.errors import RunError
+from fedshift.tracking import NullTracker
+resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # ulimit -f 1024
+big = {"w": torch.zeros(1 << 20)}  # 4 MiB
+try:
+    if sys.argv[1] == "checkpoint":
+        checkpoint.save(Path(sys.argv[2]), {"models": [big]})
+    else:
+        runner._write_outputs(Path(sys.argv[2]), {"a": 1}, {"m": 1}, [], NullTracker(), models=big)
+except RunError as exc:
+    print(f"RunError: {exc}")
+"""
+
+
+@pytest.mark.parametrize("what", ["checkpoint", "publish"])
+def test_file_size_limit_is_one_line_naming_folder_and_bytes(tmp_path, what):
+    """Case 6: `ulimit -f` at checkpoint/publish time gave torch's `unexpected pos` traceback and
+    left the temp file behind; now one line naming the folder and the bytes, nothing left."""
+    import subprocess
+    import sys
+
+    target = tmp_path / ("run.partial" if what == "checkpoint" else "run")
+    res = subprocess.run([sys.executable, "-c", _FSIZE, what, str(target)], capture_output=True, text=True,
+                         timeout=120)
+    lines = [l for l in res.stdout.splitlines() if l.startswith("RunError:")]
+    assert len(lines) == 1, res.stdout + res.stderr[-2000:]
+    folder = target if what == "checkpoint" else tmp_path
+    import re
+
+    m = re.search(rf"cannot write the \w+ in {re.escape(str(folder))}: needs about ([\d,]+) bytes, [\d,]+ bytes free, "
+                  r"file-size limit 1,048,576 bytes \(", lines[0])
+    assert m and int(m.group(1).replace(",", "")) >= 4 << 20, lines[0]
+    left = [p.name for p in tmp_path.rglob("*") if p.is_file()]
+    assert left == [], left  # no temporary file/folder stays behind
+
+
+def test_stale_temporary_folders_are_removed_by_the_next_publish(tmp_path):
+    """Case 6: a kill during the final write left a complete hidden `.run.tmp-*` for ever."""
+    from fedshift.tracking import NullTracker
+
+    stale = tmp_path / ".run.tmp-abc123"
+    stale.mkdir()
+    (stale / "models.pt").write_bytes(b"x" * 100)
+    (tmp_path / "run.partial").mkdir()
+    (tmp_path / "run.partial" / ".checkpoint.pt.tmp-999").write_bytes(b"x")
+    runner._write_outputs(tmp_path / "run", {"a": 1}, {"m": 1}, [], NullTracker())
+    checkpoint.save(tmp_path / "run.partial", {"round": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "run.partial"]
+    assert sorted(p.name for p in (tmp_path / "run.partial").iterdir()) == ["checkpoint.pt"]
+
+
+def test_results_folder_on_a_full_disk_fails_the_writability_check(tmp_path):
+    """Case 6: a full disk still creates empty files, so the old check passed; it reserves space now."""
+    import subprocess
+
+    from fedshift.errors import ConfigError
+
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    try:
+        with open(mnt / "filler", "wb") as f:
+            try:
+                f.write(b"\0" * (2 << 20))
+            except OSError:
+                pass
+        with pytest.raises(ConfigError, match=rf"results folder {mnt}/results is not writable \(No space left"):
+            runner.check_writable(mnt / "results" / "run")
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)

@@ -45,14 +45,58 @@ def image_hashes(images: np.ndarray) -> np.ndarray:
     return np.array([hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest() for row in flat])
 
 
+def tensor_bytes(obj) -> int:
+    """Bytes of every tensor/array in a nested structure: what a torch.save of it needs, about."""
+    if hasattr(obj, "nbytes") and not isinstance(obj, (int, float)):
+        return int(obj.nbytes)
+    if hasattr(obj, "element_size") and hasattr(obj, "nelement"):
+        return int(obj.element_size() * obj.nelement())
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+def write_failure(what: str, folder: Path, needed: int, exc: BaseException):
+    """The one-line :class:`RunError` for a write that failed (full disk, ``ulimit -f``...):
+    names the folder, the bytes needed and the bytes free."""
+    from ..errors import RunError
+
+    try:
+        st = os.statvfs(folder)
+        free = f"{st.f_bavail * st.f_frsize:,} bytes free"
+    except OSError:
+        free = "free space unknown"
+    reason = getattr(exc, "strerror", None) or "the write stopped short"
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY:
+        free += f", file-size limit {limit:,} bytes"
+    return RunError(f"cannot write {what} in {folder}: needs about {needed:,} bytes, {free} ({reason}); "
+                    "free space there (or raise `ulimit -f`) and rerun")
+
+
+def remove_stale(target: Path) -> None:
+    """Remove ``.<name>.tmp-*`` / ``.<name>.old-*`` left beside ``target`` by a writer killed
+    during its final rename (only one job ever writes a given output folder)."""
+    target = Path(target)
+    for pattern in (f".{target.name}.tmp-*", f".{target.name}.old-*"):
+        for p in target.parent.glob(pattern):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def atomic_dir(target: Path) -> Iterator[Path]:
     """Yield a temporary folder; on success it replaces ``target``; on error it is removed.
 
     The previous content of ``target`` stays untouched until the new one is complete.
+    Temporary folders a killed earlier writer left beside ``target`` are removed first.
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         yield tmp

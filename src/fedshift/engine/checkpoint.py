@@ -158,8 +158,16 @@ def read_job_info(partial: Path) -> Dict[str, Any]:
 def save(partial: Path, state: Dict[str, Any]) -> int:
     """Write ``state`` to ``partial/checkpoint.pt`` through a temporary name; returns its size in bytes."""
     partial.mkdir(parents=True, exist_ok=True)
+    for stale in partial.glob(f".{CHECKPOINT}.tmp-*"):  # left by a job killed while writing
+        stale.unlink(missing_ok=True)
     tmp = partial / f".{CHECKPOINT}.tmp-{os.getpid()}"
-    torch.save({"format": FORMAT, **state}, tmp)
+    try:
+        torch.save({"format": FORMAT, **state}, tmp)
+    except (OSError, RuntimeError) as exc:  # full disk / ulimit -f: torch says "unexpected pos ..."
+        tmp.unlink(missing_ok=True)
+        from ..data.store import tensor_bytes, write_failure
+
+        raise write_failure("the checkpoint", partial, tensor_bytes(state), exc) from None
     size = tmp.stat().st_size
     os.replace(tmp, partial / CHECKPOINT)
     return size

@@ -23,6 +23,7 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
@@ -31,7 +32,7 @@ import torch
 
 from ..data import store
 from ..data.loading import load_federated
-from ..errors import ConfigError
+from ..errors import ConfigError, RunError
 from ..models import create_model
 from . import checkpoint, h2l_metrics
 from .config import EngineConfig, PretrainConfig, check_cuda, malloc_keep_mb
@@ -95,15 +96,16 @@ def load_checkpoint(model: torch.nn.Module, path: Path, arch: str) -> None:
     model.load_state_dict(ckpt["state_dict"])
 
 
-def check_writable(out_dir: Path) -> None:
-    """Fail before training when the results folder (and its checkpoint area) cannot be written."""
+def check_writable(out_dir: Path, reserve: int = 1 << 20) -> None:
+    """Fail before training when the results folder (and its checkpoint area) cannot be written,
+    or cannot take ``reserve`` bytes (reserved with fallocate, then released)."""
     import tempfile
 
     parent = Path(out_dir).parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=parent):
-            pass
+        with tempfile.TemporaryFile(dir=parent) as f:
+            os.posix_fallocate(f.fileno(), 0, reserve)  # a full disk creates files but cannot fill them
     except OSError as exc:
         raise ConfigError(f"results folder {parent} is not writable ({exc.strerror}); "
                           "fix its permissions or free space before running the job") from None
@@ -371,9 +373,20 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
 
 
 def _write_outputs(out_dir: Path, cfg, metrics, rows, tracker, checkpoint=None, extra=None, models=None) -> None:
+    """Publish the job's folder atomically; a full disk / file-size limit is one line (RunError)."""
+    out_dir = Path(out_dir)
+    try:
+        _publish(out_dir, cfg, metrics, rows, tracker, checkpoint, extra, models)
+    except (OSError, RuntimeError) as exc:  # full disk / ulimit -f; atomic_dir removed its temporary folder
+        if isinstance(exc, RunError):
+            raise
+        raise store.write_failure("the results", out_dir.parent,
+                                  store.tensor_bytes([checkpoint, models]) + (1 << 20), exc) from None
+
+
+def _publish(out_dir: Path, cfg, metrics, rows, tracker, checkpoint, extra, models) -> None:
     import yaml
 
-    out_dir = Path(out_dir)
     with store.atomic_dir(out_dir) as tmp:
         (tmp / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
         write_rounds_csv(tmp / "rounds.csv", rows)
