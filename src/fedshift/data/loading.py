@@ -76,7 +76,7 @@ def load_federated(partition_dir: Path, public_dir: Optional[Path] = None, devic
         for split in info["splits"]:
             x, y = store.load_split(partition_dir / name, split)
             store.check_loaded(x, y, {"shape": list(shape), **info["splits"][split]}, num_classes,
-                               f"{partition_dir / name} split {split!r}")
+                               f"participant {name!r} split {split!r}", partition_dir)
             splits[split] = (torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
         clients.append(ClientData(name=name, domain=info["domain"], splits=splits))
     manifests = {f"partition/{manifest['name']}": store.sha256_file(partition_dir / store.MANIFEST)}

@@ -195,12 +195,13 @@ def read_manifest(folder: Path) -> dict:
     return manifest
 
 
-def check_loaded(images: np.ndarray, labels: np.ndarray, info: dict, num_classes: int, where: str) -> None:
+def check_loaded(images: np.ndarray, labels: np.ndarray, info: dict, num_classes: int, where: str,
+                 folder: Path = None) -> None:
     """A loaded split against its manifest entry (``n``, ``shape``, ``class_counts``): uint8
     N x C x H x W images of the manifest's shape (uint8 cannot hold NaN/inf or [0, 1] floats),
     int64 labels in [0, num_classes) whose counts per class are the manifest's. Raises one
     line naming ``where`` (issue 23: a re-hashed manifest must not let wrong data through)."""
-    fix = "; rebuild it with `dvc repro`"
+    fix = f"; rebuild {folder or 'it'} with `dvc repro`"
     if images.dtype != np.uint8 or images.ndim != 4:
         raise ConfigError(f"{where}: images are {images.dtype} with {images.ndim} dims, expected uint8 N x C x H x W{fix}")
     shape = list(info.get("shape", images.shape[1:]))
