@@ -258,3 +258,36 @@ def test_results_folder_on_a_full_disk_fails_the_writability_check(tmp_path):
             runner.check_writable(mnt / "results" / "run")
     finally:
         subprocess.run(["umount", str(mnt)], check=False)
+
+
+# ------------------------------------------------------ case 4: skip_batch does not hide divergence
+def _fedavg_cfg(build, tmp_path, **engine):
+    from fedshift.experiments import load_experiments
+
+    exp = {"engine": {"rounds": 2, "local_epochs": 1, "local_batch": 32, "device": "cpu", "threads": 1,
+                      "checkpoint_every": 0, **engine},
+           "grid": [{"scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": ["fedavg"],
+                     "structures": ["homo_lenet"]}]}
+    (cfg,) = load_experiments(exp, {"scenarios": {"rotmnist": {}}, "public": {"photo_patches": {}}},
+                              results=str(tmp_path / "results"), build=str(build)).federate.values()
+    return cfg
+
+
+def test_skip_batch_divergence_fails_loudly_and_counts_are_printed(tiny_data, tmp_path, capsys):
+    """Case 4: lr 1e6 with skip_batch skipped most batches and exited 0 at chance accuracy, the
+    count only in metrics.json. Now past max_skipped_fraction the job fails naming the count;
+    under it, the count is printed per round and in the job's last line."""
+    from fedshift.errors import NonFiniteError
+
+    cfg = _fedavg_cfg(tiny_data, tmp_path, lr=1e6, on_nonfinite="skip_batch")
+    with pytest.raises(NonFiniteError, match=r"(\d+) of (\d+) batches of the (round|run) .* more than "
+                                             r"engine.max_skipped_fraction 0.1: the run diverged"):
+        runner.run_federate(cfg, tmp_path / "diverged")
+    assert not (tmp_path / "diverged").exists()
+    cfg = _fedavg_cfg(tiny_data, tmp_path, lr=1e6, on_nonfinite="skip_batch", max_skipped_fraction=1.0)
+    capsys.readouterr()
+    metrics = runner.run_federate(cfg, tmp_path / "tolerated")
+    out = capsys.readouterr().out
+    assert metrics["skipped_batches"] > 0
+    assert f"done with {metrics['skipped_batches']} of {metrics['checked_batches']} batches skipped" in out
+    assert "round 1: skipped" in out or "round 2: skipped" in out

@@ -244,7 +244,7 @@ def federation_state(fed, method) -> Dict[str, Any]:
                        for i, c in enumerate(fed.clients)],
             "method": to_cpu(method.state_dict()),
             "rng": {"federation": fed.rng_state(), "global": global_rng_state()},
-            "skipped_batches": fed.skipped_batches,
+            "skipped_batches": fed.skipped_batches, "checked_batches": fed.checked_batches,
             "sampled": {int(r): [int(i) for i in idx] for r, idx in getattr(fed, "sampled", {}).items()}}
 
 
@@ -257,4 +257,5 @@ def restore_federation(fed, method, state: Mapping[str, Any]) -> None:
     fed.set_rng_state(state["rng"]["federation"])
     set_global_rng_state(state["rng"]["global"])
     fed.skipped_batches = state["skipped_batches"]
+    fed.checked_batches = state.get("checked_batches", 0)
     fed.sampled = {int(r): list(idx) for r, idx in state.get("sampled", {}).items()}  # sampled.csv covers every round

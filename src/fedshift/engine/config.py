@@ -64,6 +64,9 @@ class EngineConfig:
     # A non-finite loss or weight: "fail" stops the job naming method, participant, round and loss term;
     # "skip_batch" skips the optimiser step of a batch whose loss is not finite (counted in metrics.json).
     on_nonfinite: Literal["fail", "skip_batch"] = "fail"
+    # skip_batch must not hide divergence: the job fails once more than this fraction of a round's (or
+    # the run's) batches were skipped; the count is in the progress lines and the job's last line.
+    max_skipped_fraction: float = 0.1
     # GPU levers (engine/levers.py, engine/fused.py, docs/gpu.md). All off by default: none was
     # measured faster on the CPU here, and the GPU figures of this implementation are unmeasured.
     # YAML reads a bare off/on as false/true: the mode keys accept booleans (false = "off").
@@ -103,6 +106,8 @@ class EngineConfig:
             raise ValueError(f"checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}")
         if self.checkpoint_min_s < 0:
             raise ValueError(f"checkpoint_min_s must be >= 0 (0: no time limit), got {self.checkpoint_min_s}")
+        if not 0.0 <= self.max_skipped_fraction <= 1.0:
+            raise ValueError(f"max_skipped_fraction must be in [0, 1], got {self.max_skipped_fraction}")
         if self.public_lr < 0:
             raise ValueError(f"public_lr must be >= 0, got {self.public_lr}")
         if self.clients_per_round < 0 or not 0.0 <= self.client_fraction <= 1.0:

@@ -131,6 +131,23 @@ def check_labels(data) -> None:
                                   f"outside 0..{data.num_classes - 1}; rebuild the partition with `dvc repro`")
 
 
+def check_skipped(fed, eng, run: str, skipped: int, checked: int) -> None:
+    """``on_nonfinite: skip_batch`` must not hide divergence: more than ``max_skipped_fraction`` of
+    this round's or of the run's batches skipped stops the job (issue 23 case 4); any skip is printed."""
+    from ..errors import NonFiniteError
+
+    if not skipped:
+        return
+    total_s, total_c = fed.skipped_batches, max(fed.checked_batches, 1)
+    print(f"[{run}] round {fed.round}: skipped {skipped} of {checked} batches for a non-finite loss "
+          f"({total_s} of {total_c} in the run)", flush=True)
+    for what, s, c in (("round", skipped, max(checked, 1)), ("run", total_s, total_c)):
+        if s / c > eng.max_skipped_fraction:
+            raise NonFiniteError(
+                f"{run}: {s} of {c} batches of the {what} (up to round {fed.round}) had a non-finite loss, more than "
+                f"engine.max_skipped_fraction {eng.max_skipped_fraction}: the run diverged; lower the learning rate")
+
+
 def _check_metrics(fed, metrics: Dict[str, float]) -> None:
     """A non-finite training metric (``<participant>/train/<term>``) stops the job."""
     import math
@@ -242,8 +259,10 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     for r in range(start, eng.rounds + 1):
         fed.round = r
         t = time.time()
+        skipped0, checked0 = fed.skipped_batches, fed.checked_batches
         train_metrics = method.run_round(fed, r)
         timings["train_s"] += time.time() - t
+        check_skipped(fed, eng, cfg["run_name"], fed.skipped_batches - skipped0, fed.checked_batches - checked0)
         _check_metrics(fed, train_metrics)
         fed.check_weights()
         tracker.log_metrics(train_metrics, step=r)
@@ -277,7 +296,11 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
         "timings": {**timings, "resumed_after_rounds": resumed},
         "device": str(device),
         "skipped_batches": fed.skipped_batches,
+        "checked_batches": fed.checked_batches,
     }
+    if fed.skipped_batches:
+        print(f"[{cfg['run_name']}] done with {fed.skipped_batches} of {fed.checked_batches} batches skipped "
+              "for a non-finite loss (engine.on_nonfinite: skip_batch)", flush=True)
     if eng.select == "best_val":  # FedH2L § IV-A model selection
         metrics["headline"], metrics["selected_rounds"] = h2l_metrics.best_val_headline(history, eval_rounds)
     metrics.update(getattr(method, "run_summary", lambda fed: {})(fed))  # e.g. FedH2L's communication bytes
