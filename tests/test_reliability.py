@@ -291,3 +291,62 @@ def test_skip_batch_divergence_fails_loudly_and_counts_are_printed(tiny_data, tm
     assert metrics["skipped_batches"] > 0
     assert f"done with {metrics['skipped_batches']} of {metrics['checked_batches']} batches skipped" in out
     assert "round 1: skipped" in out or "round 2: skipped" in out
+
+
+# ------------------------------------------- case 9: values that passed `validate` and failed late
+_DATA = {"scenarios": {"rotmnist": {}}, "public": {"photo_patches": {}}}
+
+
+def _grid(engine=None, methods=("fedavg",), method_params=None, report=None):
+    exp = {"engine": {"rounds": 4, **(engine or {})},
+           "grid": [{"scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": list(methods),
+                     "structures": ["homo_lenet"]}]}
+    if method_params:
+        exp["methods"] = method_params
+    if report:
+        exp["report"] = report
+    return exp
+
+
+@pytest.mark.parametrize("exp, message", [
+    (_grid({"lr": float("nan")}), r"engine \(fedavg on rotmnist\)\.lr: nan is not a finite number"),
+    (_grid({"weight_decay": float("inf")}), r"\.weight_decay: inf is not a finite number"),
+    (_grid(methods=["fedmmd"], method_params={"fedmmd": {"lam": float("nan")}}), r"methods\.fedmmd\.lam: nan is not a finite"),
+    (_grid(methods=["fedprox"], method_params={"fedprox": {"mu": float("inf")}}), r"methods\.fedprox\.mu: inf is not a finite"),
+    (_grid(methods=["moon"], method_params={"moon": {"tau": float("nan")}}), r"methods\.moon\.tau: nan is not a finite"),
+    (_grid({"lr": 0}), r"lr must be > 0"),
+    (_grid({"last_k": 50}), r"last_k \(50\) must be <= rounds \(4\)"),
+    (_grid({"clients_per_round": 9}), r"clients_per_round: 9 exceeds the scenario's 4 participants"),
+    (_grid({"clients_per_round": 2}, methods=["fccl_plus"]), r"method 'fccl_plus' trains every participant"),
+    (_grid({"server_model": True}, methods=["fccl_plus"]), r"engine.server_model: method 'fccl_plus' keeps a model"),
+    (_grid({"global_eval_every": 1}, methods=["fccl_plus"]), r"engine.global_eval_every: method 'fccl_plus' has no global"),
+    (_grid({"device": "mps"}), r"device: 'mps' asks for Apple's Metal backend"),
+    (_grid(report={"tables": [{"name": "t", "methods": ["fedavg", "fedprox"]}]}),
+     r"report.tables\[0\]\.methods: \['fedprox'\] not run by the grid"),
+])
+def test_bad_values_fail_in_validate(exp, message):
+    """Case 9: each of these passed `fedshift validate` on main and failed late or silently."""
+    from fedshift.errors import ConfigError
+    from fedshift.experiments import load_experiments
+
+    with pytest.raises(ConfigError, match=message):
+        load_experiments(exp, _DATA)
+
+
+def test_gpu_slot_must_be_an_integer(monkeypatch):
+    from fedshift.errors import ConfigError
+    from fedshift.experiments import load_experiments
+
+    monkeypatch.setenv("FEDSHIFT_GPU_SLOT", "abc")
+    with pytest.raises(ConfigError, match=r"FEDSHIFT_GPU_SLOT must be a non-negative integer, got 'abc'"):
+        load_experiments(_grid(), _DATA)
+
+
+def test_yaml_syntax_error_names_file_line_and_column(tmp_path):
+    from fedshift.errors import ConfigError
+    from fedshift.experiments import load_yaml
+
+    path = tmp_path / "experiments.yaml"
+    path.write_text("engine:\n  rounds: 3\n  lr: [1, 2\n")
+    with pytest.raises(ConfigError, match=rf"{path}:4:1: invalid YAML: "):
+        load_yaml(path)

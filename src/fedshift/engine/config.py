@@ -99,6 +99,10 @@ class EngineConfig:
         for key in ("rounds", "local_batch", "public_batch", "eval_every", "eval_batch", "last_k"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if self.last_k > self.rounds:  # metrics.json said last_rounds 50 while averaging 4 evaluations
+            raise ValueError(f"last_k ({self.last_k}) must be <= rounds ({self.rounds})")
+        if self.lr <= 0:
+            raise ValueError(f"lr must be > 0 (0 trains nothing), got {self.lr}")
         if self.local_epochs < 0 or self.public_epochs < 0:
             raise ValueError("local_epochs and public_epochs must be >= 0")
         check_common(self)
@@ -171,7 +175,20 @@ def check_device(spec: str) -> None:
 
 
 def check_cuda(spec: str) -> None:
-    """Raise when ``spec`` asks for a CUDA device this machine does not have."""
+    """Raise when ``spec`` asks for a CUDA/MPS device this machine does not have, or when
+    ``FEDSHIFT_GPU_SLOT`` is not a non-negative integer (docs/gpu.md)."""
+    import os
+
+    slot = os.environ.get("FEDSHIFT_GPU_SLOT", "")
+    if slot and not slot.isdigit():
+        raise ValueError(f"FEDSHIFT_GPU_SLOT must be a non-negative integer, got {slot!r}")
+    if spec == "mps":
+        import torch
+
+        if not torch.backends.mps.is_available():
+            raise ValueError("device: 'mps' asks for Apple's Metal backend, which torch does not find here; "
+                             "use auto or cpu")
+        return
     if not spec.startswith("cuda"):
         return
     import torch
