@@ -350,3 +350,56 @@ def test_yaml_syntax_error_names_file_line_and_column(tmp_path):
     path.write_text("engine:\n  rounds: 3\n  lr: [1, 2\n")
     with pytest.raises(ConfigError, match=rf"{path}:4:1: invalid YAML: "):
         load_yaml(path)
+
+
+# ------------------------------------------------- case 8: the job does not outlive a killed parent
+_PARENT = r"""
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-m", "fedshift.cli", "federate", "--die-with-parent", "--no-tracking",
+                          sys.argv[1], sys.argv[2]], stdout=open(sys.argv[3], "w"), stderr=subprocess.STDOUT)
+open(sys.argv[4], "w").write(str(child.pid))
+time.sleep(600)
+"""
+
+
+def test_job_stops_when_its_parent_is_killed_and_the_rerun_resumes(tiny_data, tmp_path):
+    """Case 8: after `kill -9` of Snakemake the running job finished and published behind it
+    (and was then redone from scratch); with --die-with-parent (the rules exec the job, so its
+    parent is Snakemake) it stops at once keeping its checkpoint, and the rerun resumes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import yaml
+
+    cfg = _fedavg_cfg(tiny_data, tmp_path, rounds=40, checkpoint_every=1, checkpoint_min_s=0)
+    (tmp_path / "cfg.yaml").write_text(yaml.safe_dump(cfg))
+    out, partial = tmp_path / "run", checkpoint.partial_dir(tmp_path / "run")
+    log, pidfile = tmp_path / "job.log", tmp_path / "child.pid"
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT, str(tmp_path / "cfg.yaml"), str(out), str(log),
+                               str(pidfile)])
+    deadline = time.time() + 240
+    while _checkpoint_round(partial) < 1 and time.time() < deadline:
+        time.sleep(0.1)
+    assert _checkpoint_round(partial) >= 1, log.read_text()
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    child = int(pidfile.read_text())
+    while time.time() < deadline:
+        try:
+            os.kill(child, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.1)
+    else:
+        pytest.fail("the job outlived its killed parent")
+    assert not out.exists(), "published after its parent died"
+    killed_at = _checkpoint_round(partial)
+    assert 1 <= killed_at < 40, log.read_text()
+    assert "stopped by SIGTERM" in log.read_text()
+    res = subprocess.run([sys.executable, "-m", "fedshift.cli", "federate", "--no-tracking", str(tmp_path / "cfg.yaml"),
+                          str(out)], capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert f"resuming {cfg['run_name']} after round {killed_at}" in res.stderr

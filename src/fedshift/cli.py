@@ -136,6 +136,28 @@ def apply_thread_allocation(cfg: dict, kind: str, threads) -> None:
         section["threads"] = int(threads)
 
 
+def _die_with_parent() -> None:
+    """SIGTERM this job when the process that started it dies (Linux prctl PR_SET_PDEATHSIG).
+
+    The Snakemake rules ``exec`` the job, so its parent is Snakemake: after ``kill -9`` of
+    Snakemake the job stops like any SIGTERM (checkpoint kept, nothing published) instead of
+    finishing and publishing behind a dead workflow whose metadata still marks it incomplete,
+    which Snakemake then redid from scratch after ``--unlock`` (issue 23 case 8).
+    """
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the job simply outlives its parent, as before
+        log.warning("--die-with-parent: prctl is not available here; the job outlives its parent")
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _job(kind: str, args) -> None:
     import signal
 
@@ -146,6 +168,8 @@ def _job(kind: str, args) -> None:
 
     # Abandon the current step at once: the last checkpoint (end of the previous round) stays on disk.
     previous = {s: signal.signal(s, interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
+    if getattr(args, "die_with_parent", False):
+        _die_with_parent()
     try:
         _run_job(kind, args)
     finally:
@@ -253,6 +277,8 @@ def main(argv: List[str] | None = None) -> int:
         p.add_argument("config")
         p.add_argument("out")
         p.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+        p.add_argument("--die-with-parent", action="store_true",
+                       help="stop (keeping the checkpoint) when the parent process dies (the Snakemake rules)")
         p.add_argument("--threads", type=int, default=None,
                        help="torch threads when the config sets none (the rules pass their allocation)")
         p.set_defaults(fn=fn)
