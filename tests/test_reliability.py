@@ -315,7 +315,7 @@ def _grid(engine=None, methods=("fedavg",), method_params=None, report=None):
     (_grid(methods=["fedprox"], method_params={"fedprox": {"mu": float("inf")}}), r"methods\.fedprox\.mu: inf is not a finite"),
     (_grid(methods=["moon"], method_params={"moon": {"tau": float("nan")}}), r"methods\.moon\.tau: nan is not a finite"),
     (_grid({"lr": 0}), r"lr must be > 0"),
-    (_grid({"last_k": 50}), r"last_k \(50\) must be <= rounds \(4\)"),
+    (_grid({"last_k": 50}), r"engine \(fedavg on rotmnist\)\.last_k: 50 exceeds rounds \(4\)"),
     (_grid({"clients_per_round": 9}), r"clients_per_round: 9 exceeds the scenario's 4 participants"),
     (_grid({"clients_per_round": 2}, methods=["fccl_plus"]), r"method 'fccl_plus' trains every participant"),
     (_grid({"server_model": True}, methods=["fccl_plus"]), r"engine.server_model: method 'fccl_plus' keeps a model"),

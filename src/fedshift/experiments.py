@@ -269,6 +269,10 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
             eng = resolve(EngineConfig, _merge(exp.get("engine"), so.get("engine"), variant.get("engine")),
                           f"engine ({m} on {s})")
             _check_engine_for(cls(mparams), eng, len(participants), f"engine ({m} on {s})")
+            last_k = _merge(exp.get("engine"), so.get("engine"), variant.get("engine")).get("last_k")
+            if last_k is not None and last_k > eng.rounds:  # metrics.json said 50 while averaging 4 rounds
+                raise ConfigError(f"engine ({m} on {s}).last_k: {last_k} exceeds rounds ({eng.rounds}); "
+                                  f"use 1..{eng.rounds}")
             pre = resolve(PretrainConfig, _merge(exp.get("pretrain"), so.get("pretrain")), f"pretrain ({s})")
             if os.environ.get("FEDSHIFT_SKIP_CUDA_CHECK", "0") != "1":
                 from .engine.config import check_cuda

@@ -291,7 +291,7 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     metrics = {
         "run": cfg["run_name"],
         "headline": {**headline(history, eng.last_k), **global_eval.summary(eng.last_k)},
-        "last_rounds": eng.last_k,
+        "last_rounds": min(eng.last_k, len(history)),  # what the headline averages (default last_k 3 > rounds 2)
         "final": history[-1] if history else {},
         "timings": {**timings, "resumed_after_rounds": resumed},
         "device": str(device),
