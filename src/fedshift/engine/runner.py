@@ -21,6 +21,7 @@ match their manifests' sha256 and label ranges.
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import logging
 import os
@@ -105,7 +106,11 @@ def check_writable(out_dir: Path, reserve: int = 1 << 20) -> None:
     try:
         parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=parent) as f:
-            os.posix_fallocate(f.fileno(), 0, reserve)  # a full disk creates files but cannot fill them
+            try:
+                os.posix_fallocate(f.fileno(), 0, reserve)  # a full disk creates files but cannot fill them
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):  # no fallocate there: skip
+                    raise
     except OSError as exc:
         raise ConfigError(f"results folder {parent} is not writable ({exc.strerror}); "
                           "fix its permissions or free space before running the job") from None
