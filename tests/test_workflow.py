@@ -179,6 +179,16 @@ def test_hyperparameter_change_reruns_only_affected_jobs(ran):
         (root / "params/experiments.yaml").write_text(yaml.safe_dump(grid))
 
 
+def test_unreachable_tracking_server_does_not_abort_the_run(ran):
+    """Issue 23 case 7: onstart's MLflow store check raised and aborted the whole run."""
+    root, _, _ = ran
+    res = run("MLFLOW_TRACKING_URI=http://127.0.0.1:9 snakemake --cores 1 --forcerun collect", root, check=False)
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-3000:]
+    assert "fedshift: warning: MLflow tracking at http://127.0.0.1:9 is unreachable" in out
+    assert "Finished job" in out or "steps (100%) done" in out
+
+
 def test_bad_names_fail_before_any_job(project):
     bad = dict(TINY_GRID, grid=[dict(TINY_GRID["grid"][0], methods=["fccl_plsu"])])
     (project / "bad.yaml").write_text(yaml.safe_dump(bad))
@@ -198,3 +208,43 @@ def test_bad_names_fail_before_any_job(project):
 def test_lint_is_clean():
     res = run("snakemake --lint", REPO)
     assert "Congratulations, your workflow is in a good condition!" in res.stdout + res.stderr
+
+
+def test_kill9_then_data_change_then_rerun_starts_afresh(ran):
+    """Issue 23 cases 1 and 8 through the real tools: `kill -9` of Snakemake stops its job (the
+    rule execs it with --die-with-parent; checkpoint kept, nothing published); the scenario's
+    seed changes and `dvc repro` rebuilds the partition; after `--unlock` the rerun does not
+    resume on the old partition: the job log says why, in one line. Runs last: it changes data."""
+    import signal
+    import time
+
+    root, _, _ = ran
+    grid = dict(TINY_GRID, engine=dict(TINY_GRID["engine"], rounds=200, checkpoint_min_s=0),
+                grid=[dict(TINY_GRID["grid"][0], methods=["fedavg"])])
+    (root / "long.yaml").write_text(yaml.safe_dump(grid))
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", MLFLOW_DISABLE_TELEMETRY="true", FEDSHIFT_TRACKING="none")
+    run_dir = root / "results/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed0"
+    partial = run_dir.parent / "seed0.partial"
+    smk = subprocess.Popen("exec snakemake --cores 1 --configfile long.yaml", cwd=root, env=env, shell=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (partial / "checkpoint.pt").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    assert (partial / "checkpoint.pt").exists(), "no checkpoint within 300 s"
+    smk.send_signal(signal.SIGKILL)
+    smk.wait()
+    time.sleep(5)  # the job got SIGTERM from the kernel (PR_SET_PDEATHSIG) and stopped
+    log = root / "logs/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed0.log"
+    assert "stopped by SIGTERM" in log.read_text(), log.read_text()[-2000:]
+    assert not (run_dir / "metrics.json").exists()  # nothing published behind the dead workflow
+    data = yaml.safe_load((root / "params/data.yaml").read_text())
+    data["scenarios"]["rotmnist"]["seed"] = 1
+    (root / "params/data.yaml").write_text(yaml.safe_dump(data))
+    run("dvc repro", root)
+    locked = run("FEDSHIFT_TRACKING=none snakemake --cores 1 --configfile long.yaml -n", root, check=False)
+    run("snakemake --unlock --configfile long.yaml", root)
+    res = run("FEDSHIFT_TRACKING=none snakemake --cores 1 --configfile long.yaml", root, check=False)
+    text = log.read_text()
+    assert "was trained on other data: partition/rotmnist sha256" in text, text[-3000:]
+    assert "resuming" not in text, text[-3000:]
+    assert res.returncode == 0, (locked.stdout + locked.stderr)[-2000:] + res.stderr[-3000:]

@@ -82,7 +82,33 @@ def _data_params(path: Path) -> dict:
     return load_yaml(path)
 
 
+_SAFE_NAME = __import__("re").compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*\Z")
+
+
+def _stage_name(args, arg: str) -> str:
+    """The dataset/public set/scenario a data stage builds: the positional name, or with
+    ``--dvc-stage`` the part after ``@`` of DVC's ``DVC_STAGE`` (``fetch@mnist5k``).
+
+    dvc.yaml's ``cmd``s name nothing from params/data.yaml (DVC runs ``cmd`` through a shell,
+    so an interpolated ``${item}`` such as ``z$(touch x)`` would run; issue 23 case 5): the
+    name reaches fedshift through the environment, never through a shell, and is checked here.
+    """
+    name = getattr(args, arg)
+    if args.dvc_stage:
+        stage = os.environ.get("DVC_STAGE", "")
+        if "@" not in stage:
+            raise ConfigError(f"--dvc-stage: DVC_STAGE={stage!r} is not a foreach stage (<stage>@<name>); "
+                              f"run it through `dvc repro` or name the {arg} instead")
+        name = stage.split("@", 1)[1]
+    if not name or not _SAFE_NAME.match(name):
+        raise ConfigError(f"params/data.yaml: {arg} name {name!r} is not a plain name "
+                          "(letters, digits, '_', '.', '-'; starting with a letter or digit)")
+    setattr(args, arg, name)
+    return name
+
+
 def cmd_fetch(args) -> None:
+    _stage_name(args, "dataset")  # before importing torch: a bad name fails in a second
     from .data import FetchContext, build
 
     params = _data_params(args.params)
@@ -93,6 +119,7 @@ def cmd_fetch(args) -> None:
 
 
 def cmd_public(args) -> None:
+    _stage_name(args, "name")  # before importing torch: a bad name fails in a second
     from .data import PUBLIC_SETS, build
 
     params = _data_params(args.params)
@@ -103,6 +130,7 @@ def cmd_public(args) -> None:
 
 
 def cmd_partition(args) -> None:
+    _stage_name(args, "scenario")  # before importing torch: a bad name fails in a second
     from .data import DATASETS, build
 
     params = _data_params(args.params)
@@ -119,6 +147,28 @@ def apply_thread_allocation(cfg: dict, kind: str, threads) -> None:
         section["threads"] = int(threads)
 
 
+def _die_with_parent() -> None:
+    """SIGTERM this job when the process that started it dies (Linux prctl PR_SET_PDEATHSIG).
+
+    The Snakemake rules ``exec`` the job, so its parent is Snakemake: after ``kill -9`` of
+    Snakemake the job stops like any SIGTERM (checkpoint kept, nothing published) instead of
+    finishing and publishing behind a dead workflow whose metadata still marks it incomplete,
+    which Snakemake then redid from scratch after ``--unlock`` (issue 23 case 8).
+    """
+    import ctypes
+    import signal
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):  # not Linux: the job simply outlives its parent, as before
+        log.warning("--die-with-parent: prctl is not available here; the job outlives its parent")
+        return
+    if os.getppid() != parent:  # the parent died before prctl took effect
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
 def _job(kind: str, args) -> None:
     import signal
 
@@ -129,6 +179,8 @@ def _job(kind: str, args) -> None:
 
     # Abandon the current step at once: the last checkpoint (end of the previous round) stays on disk.
     previous = {s: signal.signal(s, interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
+    if getattr(args, "die_with_parent", False):
+        _die_with_parent()
     try:
         _run_job(kind, args)
     finally:
@@ -223,7 +275,9 @@ def main(argv: List[str] | None = None) -> int:
     for name, fn, arg in (("fetch", cmd_fetch, "dataset"), ("public", cmd_public, "name"),
                           ("partition", cmd_partition, "scenario")):
         p = sub.add_parser(name, help=f"{name} stage (DVC)")
-        p.add_argument(arg)
+        p.add_argument(arg, nargs="?", default=None)
+        p.add_argument("--dvc-stage", action="store_true",
+                       help=f"take the {arg} from DVC_STAGE (<stage>@<{arg}>), as dvc.yaml does")
         p.add_argument("--params", type=Path, default=Path("params/data.yaml"))
         p.add_argument("--out", default=None)
         p.add_argument("--datasets", default="build/datasets", help="folder of fetched datasets")
@@ -236,6 +290,8 @@ def main(argv: List[str] | None = None) -> int:
         p.add_argument("config")
         p.add_argument("out")
         p.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
+        p.add_argument("--die-with-parent", action="store_true",
+                       help="stop (keeping the checkpoint) when the parent process dies (the Snakemake rules)")
         p.add_argument("--threads", type=int, default=None,
                        help="torch threads when the config sets none (the rules pass their allocation)")
         p.set_defaults(fn=fn)

@@ -8,6 +8,7 @@ rejects unknown keys (naming the valid ones) and wrong types before any job star
 from __future__ import annotations
 
 import dataclasses
+import math
 import difflib
 import types
 import typing
@@ -74,6 +75,8 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         raise bad
     if tp is float:
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):  # NaN/inf lr, weight_decay, lam, mu, tau... fail here, not in round 1
+                raise ConfigError(f"{where}: {value!r} is not a finite number")
             return float(value)
         raise bad
     if tp is str:

@@ -74,7 +74,10 @@ def load_yaml(path: Path) -> dict:
     try:
         data = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: invalid YAML: {str(exc).splitlines()[0]}") from None
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)  # file:line:column
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -155,12 +158,27 @@ def _merge(*dicts: Optional[Mapping]) -> dict:
     return out
 
 
+def _check_engine_for(method, eng, n_participants: int, where: str) -> None:
+    """What a job asks of its method and scenario, checked in `fedshift validate` instead of at
+    its first round: the method's declared capabilities (class attributes ``supports_sampling``,
+    ``supports_server_model``, a ``global_model`` method; see engine.sampling.check_engine) and
+    ``clients_per_round`` against the scenario's participants (issue 23 case 9)."""
+    from .engine.sampling import check_engine
+
+    if eng.clients_per_round > n_participants:
+        raise ConfigError(f"{where}.clients_per_round: {eng.clients_per_round} exceeds the scenario's "
+                          f"{n_participants} participants; use 1..{n_participants} (or 0: all)")
+    try:
+        check_engine(method, eng)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}: {exc}") from None
+
+
 def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                      results: str = "results", build: str = "build") -> Plan:
     """Validate the grid and resolve every job; raises ConfigError on the first problem."""
     from .data import DATASETS, PUBLIC_SETS, SCENARIOS
     from .engine.config import EngineConfig, PretrainConfig
-    from .engine.sampling import check_engine
     from .methods import METHODS, resolve_method_params
     from .models.structures import STRUCTURES
 
@@ -252,10 +270,11 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                                   f"parameters, but {st!r} assigns {archs}; use 'auto' or 'none', or a homo_<model> structure")
             eng = resolve(EngineConfig, _merge(exp.get("engine"), so.get("engine"), variant.get("engine")),
                           f"engine ({m} on {s})")
-            try:  # sampling / server_model / global_eval_every the method cannot honour: refused before any job
-                check_engine(cls(mparams), eng)
-            except ConfigError as exc:
-                raise ConfigError(f"{where} ({m} on {s}): {exc}") from None
+            _check_engine_for(cls(mparams), eng, len(participants), f"engine ({m} on {s})")
+            last_k = _merge(exp.get("engine"), so.get("engine"), variant.get("engine")).get("last_k")
+            if last_k is not None and last_k > eng.rounds:  # metrics.json said 50 while averaging 4 rounds
+                raise ConfigError(f"engine ({m} on {s}).last_k: {last_k} exceeds rounds ({eng.rounds}); "
+                                  f"use 1..{eng.rounds}")
             pre = resolve(PretrainConfig, _merge(exp.get("pretrain"), so.get("pretrain")), f"pretrain ({s})")
             from .engine.fused import plan_check  # engine.fused_clients: on refuses here, before any job
 
@@ -297,6 +316,12 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                           "pretrained": pretrained},
                 "wildcards": job.wildcards,
             }
+    ran = {j.method for j in plan.federate} | {"base_pretrain"}  # base_pretrain: the collect rule's SOLO/BASE row
+    for i, spec in enumerate((exp.get("report") or {}).get("tables") or []):
+        unknown = [m for m in (spec or {}).get("methods", []) if m not in ran]
+        if unknown:  # the report silently dropped such a row
+            raise ConfigError(f"report.tables[{i}].methods: {unknown} not run by the grid; "
+                              f"valid: {', '.join(sorted(ran))}")
     return plan
 
 

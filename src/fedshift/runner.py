@@ -25,8 +25,10 @@ match their manifests' sha256 and label ranges.
 from __future__ import annotations
 
 import csv
+import errno
 import json
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
@@ -40,7 +42,7 @@ from .engine.config import EngineConfig, PretrainConfig, check_cuda, malloc_keep
 from .engine.cpu import check_bf16, set_trim, tune_allocator
 from .engine.federation import Federation, derive_seeds, resolve_device, summarise
 from .engine.sampling import GlobalEvaluator, check_engine
-from .errors import ConfigError
+from .errors import ConfigError, RunError
 from .methods import create_method
 from .models import create_model
 from .tracking import NullTracker
@@ -101,15 +103,20 @@ def load_checkpoint(model: torch.nn.Module, path: Path, arch: str) -> None:
     model.load_state_dict(ckpt["state_dict"])
 
 
-def check_writable(out_dir: Path) -> None:
-    """Fail before training when the results folder (and its checkpoint area) cannot be written."""
+def check_writable(out_dir: Path, reserve: int = 1 << 20) -> None:
+    """Fail before training when the results folder (and its checkpoint area) cannot be written,
+    or cannot take ``reserve`` bytes (reserved with fallocate, then released)."""
     import tempfile
 
     parent = Path(out_dir).parent
     try:
         parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=parent):
-            pass
+        with tempfile.TemporaryFile(dir=parent) as f:
+            try:
+                os.posix_fallocate(f.fileno(), 0, reserve)  # a full disk creates files but cannot fill them
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):  # no fallocate there: skip
+                    raise
     except OSError as exc:
         raise ConfigError(f"results folder {parent} is not writable ({exc.strerror}); "
                           "fix its permissions or free space before running the job") from None
@@ -133,6 +140,23 @@ def check_labels(data) -> None:
             if len(y) and (int(y.min()) < 0 or int(y.max()) >= data.num_classes):
                 raise ConfigError(f"participant {c.name!r} split {split!r}: labels span {int(y.min())}..{int(y.max())}, "
                                   f"outside 0..{data.num_classes - 1}; rebuild the partition with `dvc repro`")
+
+
+def check_skipped(fed, eng, run: str, skipped: int, checked: int) -> None:
+    """``on_nonfinite: skip_batch`` must not hide divergence: more than ``max_skipped_fraction`` of
+    this round's or of the run's batches skipped stops the job (issue 23 case 4); any skip is printed."""
+    from ..errors import NonFiniteError
+
+    if not skipped:
+        return
+    total_s, total_c = fed.skipped_batches, max(fed.checked_batches, 1)
+    print(f"[{run}] round {fed.round}: skipped {skipped} of {checked} batches for a non-finite loss "
+          f"({total_s} of {total_c} in the run)", flush=True)
+    for what, s, c in (("round", skipped, max(checked, 1)), ("run", total_s, total_c)):
+        if s / c > eng.max_skipped_fraction:
+            raise NonFiniteError(
+                f"{run}: {s} of {c} batches of the {what} (up to round {fed.round}) had a non-finite loss, more than "
+                f"engine.max_skipped_fraction {eng.max_skipped_fraction}: the run diverged; lower the learning rate")
 
 
 def _check_metrics(fed, metrics: Dict[str, float]) -> None:
@@ -201,7 +225,9 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     cfg_hash = checkpoint.config_hash(cfg)
     partial = checkpoint.partial_dir(out_dir)
     checkpoint.write_job_info(partial, cfg_hash, getattr(tracker, "run_id", None))
-    ckpt = checkpoint.load(partial, cfg_hash) if eng.checkpoint_every else None
+    inputs = checkpoint.input_hashes(data.manifests, {f"base/{i}": Path(ck) for i, ck in
+                                                      enumerate(cfg["paths"].get("pretrained") or [])})
+    ckpt = checkpoint.load(partial, cfg_hash, inputs) if eng.checkpoint_every else None
     prog = _Progress(cfg["run_name"], eng.rounds)
     all_rows: List[dict] = []
     history: List[Dict[str, float]] = []
@@ -242,8 +268,10 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     for r in range(start, eng.rounds + 1):
         fed.round = r
         t = time.time()
+        skipped0, checked0 = fed.skipped_batches, fed.checked_batches
         train_metrics = method.run_round(fed, r)
         timings["train_s"] += time.time() - t
+        check_skipped(fed, eng, cfg["run_name"], fed.skipped_batches - skipped0, fed.checked_batches - checked0)
         _check_metrics(fed, train_metrics)
         fed.check_weights()
         tracker.log_metrics(train_metrics, step=r)
@@ -260,7 +288,7 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
                 and time.time() - last_checkpoint >= eng.checkpoint_min_s):
             t = time.time()
             size = checkpoint.save(partial, {
-                "config_hash": cfg_hash, "round": r, "run_id": getattr(tracker, "run_id", None),
+                "config_hash": cfg_hash, "inputs": inputs, "round": r, "run_id": getattr(tracker, "run_id", None),
                 **checkpoint.federation_state(fed, method),
                 "rows": all_rows, "history": history, "eval_rounds": eval_rounds, "timings": timings,
                 "global_curve": [list(c) for c in global_eval.curve],
@@ -272,12 +300,16 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     metrics = {
         "run": cfg["run_name"],
         "headline": {**headline(history, eng.last_k), **global_eval.summary(eng.last_k)},
-        "last_rounds": eng.last_k,
+        "last_rounds": min(eng.last_k, len(history)),  # what the headline averages (default last_k 3 > rounds 2)
         "final": history[-1] if history else {},
         "timings": {**timings, "resumed_after_rounds": resumed},
         "device": str(device),
         "skipped_batches": fed.skipped_batches,
+        "checked_batches": fed.checked_batches,
     }
+    if fed.skipped_batches:
+        print(f"[{cfg['run_name']}] done with {fed.skipped_batches} of {fed.checked_batches} batches skipped "
+              "for a non-finite loss (engine.on_nonfinite: skip_batch)", flush=True)
     if eng.select == "best_val":  # FedH2L § IV-A model selection
         metrics["headline"], metrics["selected_rounds"] = h2l_metrics.best_val_headline(history, eval_rounds)
     metrics.update(getattr(method, "run_summary", lambda fed: {})(fed))  # e.g. FedH2L's communication bytes
@@ -329,7 +361,8 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     cfg_hash = checkpoint.config_hash(cfg)
     partial = checkpoint.partial_dir(out_dir)
     checkpoint.write_job_info(partial, cfg_hash, getattr(tracker, "run_id", None))
-    ckpt = checkpoint.load(partial, cfg_hash) if pc.checkpoint_every else None
+    inputs = checkpoint.input_hashes(data.manifests)
+    ckpt = checkpoint.load(partial, cfg_hash, inputs) if pc.checkpoint_every else None
     prog = _Progress(cfg["run_name"], pc.epochs)
     rows, history = [], []
     timings = {"checkpoint_s": 0.0, "verify_s": verify_s}
@@ -356,7 +389,7 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
         if pc.checkpoint_every and ep % pc.checkpoint_every == 0 and ep < pc.epochs:
             t = time.time()
             timings["checkpoint_bytes"] = checkpoint.save(partial, {
-                "config_hash": cfg_hash, "round": ep, "run_id": getattr(tracker, "run_id", None),
+                "config_hash": cfg_hash, "inputs": inputs, "round": ep, "run_id": getattr(tracker, "run_id", None),
                 "models": [checkpoint.module_state(model)], "optimizer": checkpoint.to_cpu(opt.state_dict()),
                 "rng": {"federation": fed.rng_state(), "global": _torch_rng()},
                 "rows": rows, "history": history})
@@ -371,9 +404,20 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
 
 
 def _write_outputs(out_dir: Path, cfg, metrics, rows, tracker, checkpoint=None, extra=None, models=None) -> None:
+    """Publish the job's folder atomically; a full disk / file-size limit is one line (RunError)."""
+    out_dir = Path(out_dir)
+    try:
+        _publish(out_dir, cfg, metrics, rows, tracker, checkpoint, extra, models)
+    except (OSError, RuntimeError) as exc:  # full disk / ulimit -f; atomic_dir removed its temporary folder
+        if isinstance(exc, RunError):
+            raise
+        raise store.write_failure("the results", out_dir.parent,
+                                  store.tensor_bytes([checkpoint, models]) + (1 << 20), exc) from None
+
+
+def _publish(out_dir: Path, cfg, metrics, rows, tracker, checkpoint, extra, models) -> None:
     import yaml
 
-    out_dir = Path(out_dir)
     with store.atomic_dir(out_dir) as tmp:
         (tmp / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
         write_rounds_csv(tmp / "rounds.csv", rows)
@@ -408,7 +452,9 @@ def evaluate_run(run_dir: Path, device: str = "cpu", bf16: Optional[bool] = None
                           "device": device, **({} if bf16 is None else {"bf16": bool(bf16)})})
     dev = _setup_torch(device, eng.threads)
     check_bf16(eng.bf16, dev)
+    verify_inputs([Path(cfg["paths"]["partition"])])  # a test set changed in place must not be scored
     data = load_federated(Path(cfg["paths"]["partition"]), None, dev, cfg.get("participants"))
+    check_labels(data)
     archs = [saved[name]["arch"] for name in data.names]
     models = build_models(archs, data.num_classes, data.image_shape[0], eng.norm, int(cfg["seed"]))
     for m, name in zip(models, data.names):

@@ -87,10 +87,17 @@ PRETRAIN_METRICS = [f"results/pretrain/{j.path}/metrics.json" for j in PLAN.pret
 onstart:
     # Create the MLflow SQLite store (schema migrations) once, before parallel jobs
     # would race to migrate it.
+    # Tracking never costs a run: an unreachable server or broken store is a warning here
+    # (each job then warns and runs untracked, see fedshift.tracking), not an aborted workflow.
     if os.environ.get("FEDSHIFT_TRACKING", "mlflow") != "none":
-        from fedshift.tracking import init_store
+        from fedshift.tracking import default_uri, init_store
 
-        init_store()
+        try:
+            init_store()
+        except Exception as exc:
+            first = (str(exc).strip().splitlines() or [""])[0][:200]
+            print(f"fedshift: warning: MLflow tracking at {default_uri()} is unreachable "
+                  f"({type(exc).__name__}: {first}); the jobs run and are not tracked", file=sys.stderr)
 
 
 # ---------------------------------------------------------------------------------------

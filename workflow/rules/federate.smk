@@ -22,4 +22,6 @@ rule federate:
         runtime=federate_runtime,
         gpu=GPUS_PER_JOB,
     shell:
-        "fedshift federate --threads {threads} {input.config} $(dirname {output.metrics}) > {log} 2>&1"
+        # exec: the job's parent is Snakemake, so it stops (checkpoint kept, nothing published)
+        # when Snakemake is killed (fedshift --die-with-parent; issue 23 case 8).
+        "exec fedshift federate --die-with-parent --threads {threads} {input.config} $(dirname {output.metrics}) > {log} 2>&1"

@@ -25,4 +25,6 @@ rule pretrain:
         runtime=pretrain_runtime,
         gpu=GPUS_PER_JOB,
     shell:
-        "fedshift pretrain --threads {threads} {input.config} $(dirname {output.model}) > {log} 2>&1"
+        # exec: the job's parent is Snakemake, so it stops (checkpoint kept, nothing published)
+        # when Snakemake is killed (fedshift --die-with-parent; issue 23 case 8).
+        "exec fedshift pretrain --die-with-parent --threads {threads} {input.config} $(dirname {output.model}) > {log} 2>&1"

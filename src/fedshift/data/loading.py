@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
+import numpy as np
 import torch
 
 from ..errors import ConfigError
@@ -60,6 +61,7 @@ def load_federated(partition_dir: Path, public_dir: Optional[Path] = None, devic
                    participants: Optional[List[str]] = None) -> FederatedData:
     partition_dir = Path(partition_dir)
     manifest = store.read_manifest(partition_dir)
+    num_classes = store.check_num_classes(manifest, str(partition_dir / store.MANIFEST))
     shape = tuple(manifest["image_shape"])
     order = manifest["participants_order"]
     if participants is not None:
@@ -73,6 +75,8 @@ def load_federated(partition_dir: Path, public_dir: Optional[Path] = None, devic
         splits = {}
         for split in info["splits"]:
             x, y = store.load_split(partition_dir / name, split)
+            store.check_loaded(x, y, {"shape": list(shape), **info["splits"][split]}, num_classes,
+                               f"participant {name!r} split {split!r}", partition_dir)
             splits[split] = (torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
         clients.append(ClientData(name=name, domain=info["domain"], splits=splits))
     manifests = {f"partition/{manifest['name']}": store.sha256_file(partition_dir / store.MANIFEST)}
@@ -80,11 +84,14 @@ def load_federated(partition_dir: Path, public_dir: Optional[Path] = None, devic
     public_name = None
     if public_dir is not None:
         pm = store.read_manifest(public_dir)
-        px, _ = store.load_split(public_dir, "train")
+        px, py = store.load_split(public_dir, "train")
+        if px.dtype != np.uint8 or px.ndim != 4:
+            raise ConfigError(f"{public_dir} split 'train': images are {px.dtype} with {px.ndim} dims, "
+                              "expected uint8 N x C x H x W; rebuild it with `dvc repro`")
         public = torch.from_numpy(to_format(px, shape)).to(device)
         public_name = pm["name"]
         manifests[f"public/{public_name}"] = store.sha256_file(Path(public_dir) / store.MANIFEST)
     return FederatedData(
-        scenario=manifest["name"], num_classes=int(manifest["num_classes"]), image_shape=shape,
+        scenario=manifest["name"], num_classes=num_classes, image_shape=shape,
         clients=clients, public=public, public_name=public_name, manifests=manifests,
     )

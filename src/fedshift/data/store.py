@@ -45,14 +45,58 @@ def image_hashes(images: np.ndarray) -> np.ndarray:
     return np.array([hashlib.blake2b(row.tobytes(), digest_size=8).hexdigest() for row in flat])
 
 
+def tensor_bytes(obj) -> int:
+    """Bytes of every tensor/array in a nested structure: what a torch.save of it needs, about."""
+    if hasattr(obj, "nbytes") and not isinstance(obj, (int, float)):
+        return int(obj.nbytes)
+    if hasattr(obj, "element_size") and hasattr(obj, "nelement"):
+        return int(obj.element_size() * obj.nelement())
+    if isinstance(obj, dict):
+        return sum(tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(tensor_bytes(v) for v in obj)
+    return 0
+
+
+def write_failure(what: str, folder: Path, needed: int, exc: BaseException):
+    """The one-line :class:`RunError` for a write that failed (full disk, ``ulimit -f``...):
+    names the folder, the bytes needed and the bytes free."""
+    from ..errors import RunError
+
+    try:
+        st = os.statvfs(folder)
+        free = f"{st.f_bavail * st.f_frsize:,} bytes free"
+    except OSError:
+        free = "free space unknown"
+    reason = getattr(exc, "strerror", None) or "the write stopped short"
+    import resource
+
+    limit = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if limit != resource.RLIM_INFINITY:
+        free += f", file-size limit {limit:,} bytes"
+    return RunError(f"cannot write {what} in {folder}: needs about {needed:,} bytes, {free} ({reason}); "
+                    "free space there (or raise `ulimit -f`) and rerun")
+
+
+def remove_stale(target: Path) -> None:
+    """Remove ``.<name>.tmp-*`` / ``.<name>.old-*`` left beside ``target`` by a writer killed
+    during its final rename (only one job ever writes a given output folder)."""
+    target = Path(target)
+    for pattern in (f".{target.name}.tmp-*", f".{target.name}.old-*"):
+        for p in target.parent.glob(pattern):
+            shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
+
+
 @contextlib.contextmanager
 def atomic_dir(target: Path) -> Iterator[Path]:
     """Yield a temporary folder; on success it replaces ``target``; on error it is removed.
 
     The previous content of ``target`` stays untouched until the new one is complete.
+    Temporary folders a killed earlier writer left beside ``target`` are removed first.
     """
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    remove_stale(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
     try:
         yield tmp
@@ -142,7 +186,50 @@ def read_manifest(folder: Path) -> dict:
     path = Path(folder) / MANIFEST
     if not path.exists():
         raise ConfigError(f"missing {path}; run `dvc repro` to build it")
-    return json.loads(path.read_text())
+    try:
+        manifest = json.loads(path.read_text())
+    except ValueError as exc:
+        raise ConfigError(f"{path} is not valid JSON ({exc}); rebuild it with `dvc repro`") from None
+    if not isinstance(manifest, dict):
+        raise ConfigError(f"{path} is not a JSON object; rebuild it with `dvc repro`")
+    return manifest
+
+
+def check_loaded(images: np.ndarray, labels: np.ndarray, info: dict, num_classes: int, where: str,
+                 folder: Path = None) -> None:
+    """A loaded split against its manifest entry (``n``, ``shape``, ``class_counts``): uint8
+    N x C x H x W images of the manifest's shape (uint8 cannot hold NaN/inf or [0, 1] floats),
+    int64 labels in [0, num_classes) whose counts per class are the manifest's. Raises one
+    line naming ``where`` (issue 23: a re-hashed manifest must not let wrong data through)."""
+    fix = f"; rebuild {folder or 'it'} with `dvc repro`"
+    if images.dtype != np.uint8 or images.ndim != 4:
+        raise ConfigError(f"{where}: images are {images.dtype} with {images.ndim} dims, expected uint8 N x C x H x W{fix}")
+    shape = list(info.get("shape", images.shape[1:]))
+    if list(images.shape[1:]) != shape or len(images) != info.get("n", len(images)):
+        raise ConfigError(f"{where}: images are {list(images.shape)}, the manifest says "
+                          f"{[info.get('n', len(images)), *shape]}{fix}")
+    if labels.dtype != np.int64 or labels.shape != (len(images),):
+        raise ConfigError(f"{where}: labels are {labels.dtype} {list(labels.shape)}, expected int64 [{len(images)}]{fix}")
+    if len(labels) and (int(labels.min()) < 0 or int(labels.max()) >= num_classes):
+        raise ConfigError(f"{where}: labels span {int(labels.min())}..{int(labels.max())}, "
+                          f"outside 0..{num_classes - 1}{fix}")
+    if "class_counts" in info and class_counts(labels) != info["class_counts"]:
+        raise ConfigError(f"{where}: labels per class {class_counts(labels)} differ from the manifest's "
+                          f"{info['class_counts']}{fix}")
+
+
+def check_num_classes(manifest: dict, where: str) -> int:
+    """``num_classes`` is an integer >= 2 and every class up to it occurs in some split of some
+    participant (a manifest ``num_classes: 12`` over labels 0..9 would build 12-way heads)."""
+    k = manifest.get("num_classes")
+    if not isinstance(k, int) or isinstance(k, bool) or k < 2:
+        raise ConfigError(f"{where}: num_classes {k!r} must be an integer >= 2; rebuild it with `dvc repro`")
+    seen = {int(c) for p in manifest.get("participants", {}).values()
+            for sp in p.get("splits", {}).values() for c in sp.get("class_counts", {})}
+    if seen and max(seen) + 1 != k:
+        raise ConfigError(f"{where}: num_classes is {k} but the labels of its splits span 0..{max(seen)}; "
+                          "rebuild it with `dvc repro`")
+    return k
 
 
 def verify_manifest(folder: Path) -> None:

@@ -12,8 +12,12 @@ folder would otherwise publish it. The folder holds
   so a rerun continues the same MLflow run even if it was killed before its first
   checkpoint.
 
-A checkpoint is only used when the hash of the job's resolved config is unchanged; a
-changed config starts afresh (and the stale folder is removed). A successful job
+A checkpoint is only used when the hash of the job's resolved config is unchanged *and*
+the sha256 of every input it trained on (the partition's and public set's
+``manifest.json``, which hold the sha256 of every data file, plus any BASE checkpoint)
+equals the job's current inputs: the config names the partition's *path*, not its
+content, so a ``dvc repro`` after a data change would otherwise resume on the old data
+(issue 23, case 1). A changed config or input starts afresh, saying why in one line. A successful job
 removes the folder after publishing its outputs. Everything is loaded with
 ``torch.load(weights_only=True)``: only tensors, numbers, strings and containers.
 """
@@ -36,7 +40,7 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT = "checkpoint.pt"
 JOB = "job.json"
-FORMAT = 1  # bump when the checkpoint layout changes (an old checkpoint then starts afresh)
+FORMAT = 2  # bump when the checkpoint layout changes (an old checkpoint then starts afresh)
 
 
 def partial_dir(out_dir: Path) -> Path:
@@ -154,15 +158,40 @@ def read_job_info(partial: Path) -> Dict[str, Any]:
 def save(partial: Path, state: Dict[str, Any]) -> int:
     """Write ``state`` to ``partial/checkpoint.pt`` through a temporary name; returns its size in bytes."""
     partial.mkdir(parents=True, exist_ok=True)
+    for stale in partial.glob(f".{CHECKPOINT}.tmp-*"):  # left by a job killed while writing
+        stale.unlink(missing_ok=True)
     tmp = partial / f".{CHECKPOINT}.tmp-{os.getpid()}"
-    torch.save({"format": FORMAT, **state}, tmp)
+    try:
+        torch.save({"format": FORMAT, **state}, tmp)
+    except (OSError, RuntimeError) as exc:  # full disk / ulimit -f: torch says "unexpected pos ..."
+        tmp.unlink(missing_ok=True)
+        from ..data.store import tensor_bytes, write_failure
+
+        raise write_failure("the checkpoint", partial, tensor_bytes(state), exc) from None
     size = tmp.stat().st_size
     os.replace(tmp, partial / CHECKPOINT)
     return size
 
 
-def load(partial: Path, cfg_hash: str) -> Optional[Dict[str, Any]]:
-    """The last complete checkpoint of this very job, or None (none yet, or the config changed)."""
+def input_hashes(manifests: Mapping[str, str], files: Mapping[str, Path] = ()) -> Dict[str, str]:
+    """``name -> sha256`` of every input a job trains on: the data manifests' hashes
+    (``FederatedData.manifests``) plus the sha256 of extra files (BASE checkpoints)."""
+    out = dict(manifests)
+    for name, path in dict(files).items():
+        h = hashlib.sha256()
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+        out[name] = h.hexdigest()
+    return out
+
+
+def load(partial: Path, cfg_hash: str, inputs: Optional[Mapping[str, str]] = None) -> Optional[Dict[str, Any]]:
+    """The last complete checkpoint of this very job, or None (none yet, or the config or an input changed).
+
+    ``inputs`` (``name -> sha256``, see :func:`input_hashes`) must equal the checkpoint's
+    recorded inputs; a difference is logged in one line naming the first changed input.
+    """
     path = Path(partial) / CHECKPOINT
     if not path.exists():
         return None
@@ -174,6 +203,14 @@ def load(partial: Path, cfg_hash: str) -> Optional[Dict[str, Any]]:
     if ckpt.get("format") != FORMAT or ckpt.get("config_hash") != cfg_hash:
         log.warning("checkpoint %s belongs to another config (or format); starting afresh", path)
         return None
+    if inputs is not None:
+        old = dict(ckpt.get("inputs") or {})
+        new = dict(inputs)
+        if old != new:
+            name = next((k for k in sorted(set(old) | set(new)) if old.get(k) != new.get(k)))
+            log.warning("checkpoint %s was trained on other data: %s sha256 %s, now %s; starting afresh",
+                        path, name, str(old.get(name, "absent"))[:12], str(new.get(name, "absent"))[:12])
+            return None
     return ckpt
 
 
@@ -207,7 +244,7 @@ def federation_state(fed, method) -> Dict[str, Any]:
                        for i, c in enumerate(fed.clients)],
             "method": to_cpu(method.state_dict()),
             "rng": {"federation": fed.rng_state(), "global": global_rng_state()},
-            "skipped_batches": fed.skipped_batches,
+            "skipped_batches": fed.skipped_batches, "checked_batches": fed.checked_batches,
             "sampled": {int(r): [int(i) for i in idx] for r, idx in getattr(fed, "sampled", {}).items()}}
 
 
@@ -220,4 +257,5 @@ def restore_federation(fed, method, state: Mapping[str, Any]) -> None:
     fed.set_rng_state(state["rng"]["federation"])
     set_global_rng_state(state["rng"]["global"])
     fed.skipped_batches = state["skipped_batches"]
+    fed.checked_batches = state.get("checked_batches", 0)
     fed.sampled = {int(r): list(idx) for r, idx in state.get("sampled", {}).items()}  # sampled.csv covers every round

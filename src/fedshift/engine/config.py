@@ -64,6 +64,9 @@ class EngineConfig:
     # A non-finite loss or weight: "fail" stops the job naming method, participant, round and loss term;
     # "skip_batch" skips the optimiser step of a batch whose loss is not finite (counted in metrics.json).
     on_nonfinite: Literal["fail", "skip_batch"] = "fail"
+    # skip_batch must not hide divergence: the job fails once more than this fraction of a round's (or
+    # the run's) batches were skipped; the count is in the progress lines and the job's last line.
+    max_skipped_fraction: float = 0.1
     # GPU levers (engine/levers.py, engine/fused.py, docs/gpu.md). All off by default: none was
     # measured faster on the CPU here, and the GPU figures of this implementation are unmeasured.
     # YAML reads a bare off/on as false/true: the mode keys accept booleans (false = "off").
@@ -96,6 +99,8 @@ class EngineConfig:
         for key in ("rounds", "local_batch", "public_batch", "eval_every", "eval_batch", "last_k"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
+        if self.lr == 0:  # negative lr: check_common's message
+            raise ValueError(f"lr must be > 0 (0 trains nothing), got {self.lr}")
         if self.local_epochs < 0 or self.public_epochs < 0:
             raise ValueError("local_epochs and public_epochs must be >= 0")
         check_common(self)
@@ -103,6 +108,8 @@ class EngineConfig:
             raise ValueError(f"checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}")
         if self.checkpoint_min_s < 0:
             raise ValueError(f"checkpoint_min_s must be >= 0 (0: no time limit), got {self.checkpoint_min_s}")
+        if not 0.0 <= self.max_skipped_fraction <= 1.0:
+            raise ValueError(f"max_skipped_fraction must be in [0, 1], got {self.max_skipped_fraction}")
         if self.public_lr < 0:
             raise ValueError(f"public_lr must be >= 0, got {self.public_lr}")
         if self.clients_per_round < 0 or not 0.0 <= self.client_fraction <= 1.0:
@@ -166,7 +173,20 @@ def check_device(spec: str) -> None:
 
 
 def check_cuda(spec: str) -> None:
-    """Raise when ``spec`` asks for a CUDA device this machine does not have."""
+    """Raise when ``spec`` asks for a CUDA/MPS device this machine does not have, or when
+    ``FEDSHIFT_GPU_SLOT`` is not a non-negative integer (docs/gpu.md)."""
+    import os
+
+    slot = os.environ.get("FEDSHIFT_GPU_SLOT", "")
+    if slot and not slot.isdigit():
+        raise ValueError(f"FEDSHIFT_GPU_SLOT must be a non-negative integer, got {slot!r}")
+    if spec == "mps":
+        import torch
+
+        if not torch.backends.mps.is_available():
+            raise ValueError("device: 'mps' asks for Apple's Metal backend, which torch does not find here; "
+                             "use auto or cpu")
+        return
     if not spec.startswith("cuda"):
         return
     import torch

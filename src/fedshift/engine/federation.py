@@ -104,6 +104,7 @@ class Federation:
         self.method_name = "?"  # set by the runner; named in non-finite-loss errors
         self.base_models: Optional[List[FedModel]] = None  # the BASE checkpoints' models, when the job has them
         self.skipped_batches = 0  # optimiser steps skipped for a non-finite loss (on_nonfinite: skip_batch)
+        self.checked_batches = 0  # losses step_ok looked at (on_nonfinite: skip_batch): the fraction's denominator
         self.levers = EngineLevers(cfg, device)  # engine.compile / cuda_graphs / amp / ... (levers.py)
         self.levers.prepare([c.model for c in self.clients])
 
@@ -132,6 +133,7 @@ class Federation:
         per-call totals are checked by :meth:`check_total`, the round's metrics and weights by the runner."""
         if self.cfg.on_nonfinite != "skip_batch":
             return True
+        self.checked_batches += 1
         if bool(torch.isfinite(loss.detach()).all()):
             return True
         self.skipped_batches += 1
