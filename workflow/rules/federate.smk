@@ -22,4 +22,6 @@ rule federate:
         runtime=federate_runtime,
         gpu=GPUS_PER_JOB,
     shell:
-        "fedshift federate --threads {threads} {input.config} $(dirname {output.metrics}) > {log} 2>&1"
+        # stdout (the job's log lines) goes to the log; stderr (one progress line per finished
+        # round with the device, warnings, errors) goes to the log and to Snakemake's terminal.
+        ": > {log}; fedshift federate --threads {threads} {input.config} $(dirname {output.metrics}) >> {log} 2> >(tee -a {log} >&2)"

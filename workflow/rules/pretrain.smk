@@ -25,4 +25,6 @@ rule pretrain:
         runtime=pretrain_runtime,
         gpu=GPUS_PER_JOB,
     shell:
-        "fedshift pretrain --threads {threads} {input.config} $(dirname {output.model}) > {log} 2>&1"
+        # stdout (the job's log lines) goes to the log; stderr (one progress line per finished
+        # round with the device, warnings, errors) goes to the log and to Snakemake's terminal.
+        ": > {log}; fedshift pretrain --threads {threads} {input.config} $(dirname {output.model}) >> {log} 2> >(tee -a {log} >&2)"
