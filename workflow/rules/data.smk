@@ -9,7 +9,7 @@ rule dvc_repro:
         expand("build/partitions/{scenario}/manifest.json", scenario=SCENARIOS_USED),
         expand("build/public/{public}/manifest.json", public=PUBLIC_USED),
     conda:
-        "../../environment.yml"
+        "../envs/fedshift.yaml"
     params:
         # the grid's data file (its `data_params` key, or --config data_params=...): DVC builds from
         # params/data.yaml only, so a grid naming another file stops here with one line (issue 22 pt 4)

@@ -13,7 +13,7 @@ rule federate:
         # every participant's final weights: `fedshift evaluate <run folder>` re-scores them
         models="results/federate/{scenario}/{public}/{method}/{structure}/seed{seed}/models.pt",
     conda:
-        "../../environment.yml"
+        "../envs/fedshift.yaml"
     log:
         "logs/federate/{scenario}/{public}/{method}/{structure}/seed{seed}.log",
     threads: federate_threads

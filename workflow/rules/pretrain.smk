@@ -13,7 +13,7 @@ rule pretrain:
         metrics="results/pretrain/{scenario}/{participant}/{arch}/seed{seed}/metrics.json",
         rounds="results/pretrain/{scenario}/{participant}/{arch}/seed{seed}/rounds.csv",
     conda:
-        "../../environment.yml"
+        "../envs/fedshift.yaml"
     log:
         "logs/pretrain/{scenario}/{participant}/{arch}/seed{seed}.log",
     # BASE checkpoints gate the methods that start from them: schedule them first so those

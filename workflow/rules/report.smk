@@ -22,7 +22,7 @@ rule collect:
     output:
         report(COLLECT_CSV, caption="../report/runs.rst", category="Runs", labels={"table": "runs.csv"}),
     conda:
-        "../../environment.yml"
+        "../envs/fedshift.yaml"
     log:
         f"logs/collect-{REPORT_NAME or 'main'}.log",
     params:
@@ -47,7 +47,7 @@ rule report:
             labels={"kind": "{kind}", "group": "{group}"},
         ),
     conda:
-        "../../environment.yml"
+        "../envs/fedshift.yaml"
     log:
         f"logs/report-{REPORT_NAME or 'main'}.log",
     shell:
