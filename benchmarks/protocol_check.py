@@ -38,7 +38,7 @@ def main() -> None:
     ap.add_argument("--csv")
     args = ap.parse_args()
 
-    from fedshift.engine import runner
+    from fedshift import runner
     from fedshift.experiments import load_experiments
 
     out = Path(args.out)

@@ -44,3 +44,37 @@ def test_validate_reports_mistyped_grid_key(tmp_path, capsys):
 def test_console_script_installed():
     out = subprocess.run([sys.executable, "-m", "fedshift.cli", "list", "methods"], capture_output=True, text=True)
     assert out.returncode == 0 and "fccl_plus" in out.stdout
+
+
+def test_version(capsys):
+    from fedshift import __version__
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fedshift {__version__}"
+
+
+def test_every_positional_has_help():
+    """Issue 22 point 10: `fedshift SUB -h` explains each positional, not just names it."""
+    import argparse
+
+    import fedshift.cli as cli
+
+    captured = {}
+    real = argparse.ArgumentParser.parse_args
+
+    def grab(self, *a, **k):
+        captured["parser"] = self
+        raise SystemExit(0)
+
+    argparse.ArgumentParser.parse_args = grab
+    try:
+        with pytest.raises(SystemExit):
+            cli.main(["list", "methods"])
+    finally:
+        argparse.ArgumentParser.parse_args = real
+    subs = next(a for a in captured["parser"]._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name} {act.dest}" for name, sp in subs.choices.items() for act in sp._actions
+               if not act.option_strings and not act.help]
+    assert subs.choices and not missing, f"positionals without help: {missing}"

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from fedshift.data import store
-from fedshift.engine import checkpoint, runner
+from fedshift import runner
+from fedshift.engine import checkpoint
 
 from test_resume import _checkpoint_round, _config, _stop_in_round
 
@@ -186,7 +187,8 @@ def test_loaded_data_is_checked_against_its_manifest(tiny_data, tmp_path, damage
 _FSIZE = r"""
 import resource, sys, torch
 from pathlib import Path
-from fedshift.engine import checkpoint, runner
+from fedshift import runner
+from fedshift.engine import checkpoint
 from fedshift.errors import RunError
 from fedshift.tracking import NullTracker
 resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))  # ulimit -f 1024

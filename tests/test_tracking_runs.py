@@ -112,3 +112,21 @@ def test_summary_logs_timings_device_and_environment(store):
 
     assert p["env.torch"] == torch.__version__ and p["env.device"] == "cpu" and run.data.tags["device"] == "cpu"
     assert p["env.cuda_available"] == str(torch.cuda.is_available())
+
+
+def test_pretrain_runs_have_their_own_experiment(store):
+    """Issue 22 point 7: BASE pretrain runs do not mix with the federated runs MLflow opens on."""
+    from fedshift.tracking import job_run
+
+    root, client = store
+    pre = {"kind": "pretrain", "arch": "lenet", "participant": "m20", "scenario": "rotmnist", "seed": 1,
+           "run_name": "pretrain/rotmnist/m20/lenet/seed1",
+           "wildcards": {"scenario": "rotmnist", "participant": "m20", "arch": "lenet", "seed": 1}}
+    with job_run(pre, "pretrain", root=root) as t:
+        t.log_metrics({"inter/top1": 0.4}, step=1)
+    with job_run(_cfg(), "federate", root=root) as t:
+        t.log_metrics({"avg/inter/top1": 0.5}, step=1)
+    fed = client.search_runs([client.get_experiment_by_name("rotmnist").experiment_id])
+    pretrain = client.search_runs([client.get_experiment_by_name("rotmnist-pretrain").experiment_id])
+    assert [r.data.tags["fedshift.kind"] for r in fed] == ["federate"]
+    assert [r.data.tags["fedshift.kind"] for r in pretrain] == ["pretrain"]

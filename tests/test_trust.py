@@ -246,7 +246,9 @@ def test_models_pt_rescored_by_fedshift_evaluate(tiny_data, tmp_path, capsys, mo
     summary = runner.evaluate_run(out)
     assert summary == pytest.approx(metrics["final"])
     assert main(["evaluate", str(out)]) == 0
-    assert "avg/inter/top1" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "avg/inter/top1" in printed
+    assert any(line.startswith("# ") and "final models after round 1" in line for line in printed.splitlines())
     # --bf16: the same weights under bf16 autocast (how much bf16 evaluation moves a number),
     # refused, naming the key, where the CPU has no hardware bf16
     from fedshift.engine import cpu

@@ -122,3 +122,19 @@ def test_fntd_less_fccl_plus_variant_loads_base_checkpoints_as_theta_star():
         f"R/pretrain/rotmnist/{p}/{a}/seed0/model.pt"
         for p, a in zip(cfgs["fcclp_nofntd"]["participants"], cfgs["fcclp_nofntd"]["archs"])]
     assert cfgs["fccl_plus"]["paths"]["pretrained"] is None
+
+
+def test_validate_knows_published_table_names(tmp_path, capsys):
+    """Issue 22 point 4: a typo in report.published stops `fedshift validate` with a did-you-mean,
+    not the report job at the end of the grid; entries in `{name: ...}` form are checked too."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump({"report": {"published": ["fccl_plus_table99"]}}))
+    assert main(["validate", "--experiments", str(bad)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "'fccl_plus_table99' (did you mean 'fccl_plus_table9'?)" in err
+    bad.write_text(yaml.safe_dump({"report": {"published": [{"name": "fedh2l_tabel2"}]}}))
+    assert main(["validate", "--experiments", str(bad)]) == 2
+    assert "did you mean 'fedh2l_table2'?" in capsys.readouterr().err
+    bad.write_text(yaml.safe_dump({"report": {"published": ["fccl_plus_table9"]}}))
+    assert main(["validate", "--experiments", str(bad)]) == 0

@@ -114,6 +114,8 @@ def test_mlflow_holds_every_run_with_metrics_and_artifacts(ran):
     client = mlflow.MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     exp = client.get_experiment_by_name("rotmnist")
     runs = client.search_runs([exp.experiment_id], max_results=100)
+    # pretrain runs have their own experiment (tracking.job_experiment), apart from the federated ones
+    runs += client.search_runs([client.get_experiment_by_name("rotmnist-pretrain").experiment_id], max_results=100)
     kinds = sorted(r.data.tags["fedshift.kind"] for r in runs)
     assert kinds == ["federate"] * 4 + ["pretrain"] * 4
     assert len({r.info.run_name for r in runs}) == 8  # short names, one per job

@@ -258,24 +258,35 @@ def cmd_evaluate(args) -> None:
     from .runner import evaluate_run
 
     summary = evaluate_run(Path(args.run_dir), device=args.device, bf16=args.bf16)
+    import yaml
+
+    rounds = ((yaml.safe_load((Path(args.run_dir) / "config.yaml").read_text()) or {}).get("engine") or {}).get("rounds")
+    print(f"# {args.run_dir}: the published models.pt = the final models after round {rounds} "
+          "(not the best round); re-scored on every domain's test set")
     for key in sorted(summary):
         if key.startswith("avg/"):
             print(f"{key} {summary[key]:.4f}")
 
 
 def main(argv: List[str] | None = None) -> int:
+    from . import __version__
+
     parser = argparse.ArgumentParser(prog="fedshift", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"fedshift {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("list", help="print registered names, one per line (plugins marked)")
-    p.add_argument("kind", choices=sorted(_registries()))
+    p.add_argument("kind", choices=sorted(_registries()), help="which registry to print")
     p.add_argument("--where", action="store_true", help="print where each name comes from (built-in module or plugin package)")
     p.set_defaults(fn=cmd_list)
 
     for name, fn, arg in (("fetch", cmd_fetch, "dataset"), ("public", cmd_public, "name"),
                           ("partition", cmd_partition, "scenario")):
         p = sub.add_parser(name, help=f"{name} stage (DVC)")
-        p.add_argument(arg, nargs="?", default=None)
+        p.add_argument(arg, nargs="?", default=None,
+                       help={"dataset": "dataset name (fedshift list datasets)",
+                             "name": "public-set name (fedshift list public)",
+                             "scenario": "scenario name (fedshift list scenarios)"}[arg] + "; or --dvc-stage")
         p.add_argument("--dvc-stage", action="store_true",
                        help=f"take the {arg} from DVC_STAGE (<stage>@<{arg}>), as dvc.yaml does")
         p.add_argument("--params", type=Path, default=Path("params/data.yaml"))
@@ -287,8 +298,8 @@ def main(argv: List[str] | None = None) -> int:
 
     for name, fn in (("pretrain", cmd_pretrain), ("federate", cmd_federate)):
         p = sub.add_parser(name, help=f"run one {name} job from its resolved config")
-        p.add_argument("config")
-        p.add_argument("out")
+        p.add_argument("config", help=f"resolved {name} config (YAML) written by the Snakemake rule")
+        p.add_argument("out", help="run folder to publish (written atomically; a rerun resumes its checkpoint)")
         p.add_argument("--no-tracking", action="store_true", help="do not log to MLflow")
         p.add_argument("--die-with-parent", action="store_true",
                        help="stop (keeping the checkpoint) when the parent process dies (the Snakemake rules)")
@@ -297,21 +308,21 @@ def main(argv: List[str] | None = None) -> int:
         p.set_defaults(fn=fn)
 
     p = sub.add_parser("collect", help="gather run folders into one tidy CSV")
-    p.add_argument("out")
-    p.add_argument("runs", nargs="+")
+    p.add_argument("out", help="tidy CSV to write")
+    p.add_argument("runs", nargs="+", help="finished federated run folders (each holds rounds.csv)")
     p.add_argument("--pretrain", nargs="*", default=None,
                    help="pretrain run folders: their final epoch becomes the base_pretrain (SOLO/BASE) row")
     p.set_defaults(fn=cmd_collect)
 
     p = sub.add_parser("report", help="tables and figures from the tidy CSV")
-    p.add_argument("runs_csv")
-    p.add_argument("out")
+    p.add_argument("runs_csv", help="tidy CSV written by `fedshift collect`")
+    p.add_argument("out", help="report folder to publish (report.md, tables, figures)")
     p.add_argument("--config", default=None, help="report section of the experiment config (YAML)")
     p.add_argument("--no-tracking", action="store_true")
     p.set_defaults(fn=cmd_report)
 
     p = sub.add_parser("evaluate", help="re-score a federated run's published models (models.pt)")
-    p.add_argument("run_dir")
+    p.add_argument("run_dir", help="finished federated run folder (config.yaml + models.pt)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="evaluate under bf16 autocast (--bf16) or in float32 (--no-bf16); default: as the run")
@@ -323,7 +334,12 @@ def main(argv: List[str] | None = None) -> int:
     p.set_defaults(fn=cmd_validate)
 
     args = parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    # INFO lines on stdout (the rules send it to logs/); stderr keeps progress, warnings and errors,
+    # which the rules also show in Snakemake's terminal
+    out, err = logging.StreamHandler(sys.stdout), logging.StreamHandler(sys.stderr)
+    out.addFilter(lambda record: record.levelno < logging.WARNING)
+    err.setLevel(logging.WARNING)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", handlers=[out, err])
     from .errors import RunError
     from .tracking import Interrupted
 

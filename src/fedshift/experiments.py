@@ -174,6 +174,24 @@ def _check_engine_for(method, eng, n_participants: int, where: str) -> None:
         raise ConfigError(f"{where}: {exc}") from None
 
 
+def check_published(names) -> None:
+    """``report.published`` names tables of params/papers/published/ (did-you-mean otherwise),
+    so a typo stops `fedshift validate` / planning rather than the report job at the end."""
+    import difflib
+
+    from .report.paper_delta import published_dir
+
+    folder = published_dir()
+    known = sorted(p.stem for p in folder.glob("*.csv"))
+    for entry in names if isinstance(names, (list, tuple)) else [names]:
+        name = entry.get("name") if isinstance(entry, Mapping) else entry  # `{name: ..., structures: [...]}` too
+        if str(name) not in known:
+            close = difflib.get_close_matches(str(name), known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"report.published: no published table {name!r}{hint}; known ({folder}): "
+                              f"{', '.join(known)}")
+
+
 def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                      results: str = "results", build: str = "build") -> Plan:
     """Validate the grid and resolve every job; raises ConfigError on the first problem."""
@@ -199,6 +217,7 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
         SCENARIOS.get(s, key="scenario_overrides")
     if (exp.get("report") or {}).get("name") is not None:
         check_name(exp["report"]["name"], "report.name")
+    check_published((exp.get("report") or {}).get("published") or [])
     for b, block in enumerate(exp["grid"]):
         if "name" in block:
             check_name(block["name"], f"grid[{b}].name")

@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import time
+import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
@@ -173,14 +174,39 @@ def _torch_rng() -> Dict[str, Any]:
     return checkpoint.global_rng_state()
 
 
+def _gpu_allocated() -> bool:
+    """The scheduler handed this job a GPU (SLURM --gpus, or CUDA_VISIBLE_DEVICES set)."""
+    import os
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
+    return bool(os.environ.get("SLURM_JOB_GPUS") or os.environ.get("SLURM_GPUS_ON_NODE")
+                or (visible and visible not in ("-1", "none", "NoDevFiles")))
+
+
+def device_note(requested: str, device: torch.device) -> str:
+    """The resolved device, and a warning when the job asked for CUDA (``cuda``/``cuda:i``, or
+    ``auto`` in a job the scheduler gave a GPU) but runs on the CPU."""
+    asked_cuda = requested.startswith("cuda") or (requested == "auto" and _gpu_allocated())
+    if device.type == "cpu" and asked_cuda:
+        return f"cpu (FELL BACK: asked {requested!r} with a GPU allocated, but torch finds no CUDA device)"
+    return str(device)
+
+
 class _Progress:
-    def __init__(self, label: str, total: int):
-        self.label, self.total, self.t0 = label, total, time.time()
+    """One line per finished round/epoch on stderr (the rules tee stderr to the terminal, so a
+    running Snakemake shows it; stdout holds the job's log), with the resolved device."""
+
+    def __init__(self, label: str, total: int, device: str = ""):
+        self.label, self.total, self.t0, self.device = label, total, time.time(), device
+        if device:
+            print(f"[{self.label}] starting {total} steps on {device}", file=sys.stderr, flush=True)
 
     def __call__(self, step: int, msg: str) -> None:
         el = time.time() - self.t0
         eta = el / max(step, 1) * (self.total - step)
-        print(f"[{self.label}] {step}/{self.total} {msg} | {el:.0f}s elapsed, ~{eta:.0f}s left", flush=True)
+        on = f" on {self.device}" if self.device else ""
+        print(f"[{self.label}] {step}/{self.total} {msg} | {el:.0f}s elapsed, ~{eta:.0f}s left{on}",
+              file=sys.stderr, flush=True)
 
 
 def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, Any]:
@@ -228,7 +254,7 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     inputs = checkpoint.input_hashes(data.manifests, {f"base/{i}": Path(ck) for i, ck in
                                                       enumerate(cfg["paths"].get("pretrained") or [])})
     ckpt = checkpoint.load(partial, cfg_hash, inputs) if eng.checkpoint_every else None
-    prog = _Progress(cfg["run_name"], eng.rounds)
+    prog = _Progress(cfg["run_name"], eng.rounds, device_note(eng.device, device))
     all_rows: List[dict] = []
     history: List[Dict[str, float]] = []
     timings = {"train_s": 0.0, "eval_s": 0.0, "checkpoint_s": 0.0, "verify_s": verify_s}
@@ -363,7 +389,7 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     checkpoint.write_job_info(partial, cfg_hash, getattr(tracker, "run_id", None))
     inputs = checkpoint.input_hashes(data.manifests)
     ckpt = checkpoint.load(partial, cfg_hash, inputs) if pc.checkpoint_every else None
-    prog = _Progress(cfg["run_name"], pc.epochs)
+    prog = _Progress(cfg["run_name"], pc.epochs, device_note(pc.device, device))
     rows, history = [], []
     timings = {"checkpoint_s": 0.0, "verify_s": verify_s}
     start = 1

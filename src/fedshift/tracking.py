@@ -321,21 +321,28 @@ def replace_previous_runs(experiment: str, run_key: str, root: Path | None = Non
     return ids
 
 
+def job_experiment(cfg: Mapping[str, Any], kind: str) -> str:
+    """Federated runs in ``<scenario>``, pretrain (BASE) runs in ``<scenario>-pretrain``: the
+    experiment MLflow opens on holds only the runs the tables compare (issue 22, point 7)."""
+    return str(cfg["scenario"]) if kind == "federate" else f"{cfg['scenario']}-{kind}"
+
+
 def job_run(cfg: Mapping[str, Any], kind: str, root: Path | None = None, resume_run_id: Optional[str] = None):
     """The MLflow run of one pretrain/federate job: short name, wildcard tags, earlier runs
     of the same job replaced, except ``resume_run_id``: the unfinished run a resumed job
     continues (its checkpoint names it). Time-limited like every MLflow call: an unreachable
     store costs a warning, not the job."""
     tags = job_tags(cfg, kind)
+    experiment = job_experiment(cfg, kind)
     try:
-        replaced = _Worker().call(lambda: replace_previous_runs(cfg["scenario"], tags[RUN_KEY_TAG], root,
+        replaced = _Worker().call(lambda: replace_previous_runs(experiment, tags[RUN_KEY_TAG], root,
                                                                 keep=resume_run_id), call_timeout())
     except Exception as exc:
         log.warning("MLflow: could not replace earlier runs of %s (%s)", cfg["run_name"], type(exc).__name__)
         replaced = []
     if replaced:
         tags["fedshift.replaces"] = ",".join(replaced)
-    return mlflow_run(cfg["scenario"], run_display_name(cfg), tags, root=root, resume_run_id=resume_run_id)
+    return mlflow_run(experiment, run_display_name(cfg), tags, root=root, resume_run_id=resume_run_id)
 
 
 def environment_params() -> Dict[str, str]:

@@ -7,6 +7,8 @@ from snakemake.utils import min_version, validate
 
 min_version("9.0")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# workflow/envs/fedshift.yaml installs fedshift with pip from ${FEDSHIFT_ROOT}: this checkout.
+os.environ["FEDSHIFT_ROOT"] = os.path.abspath(os.path.join(workflow.basedir, ".."))
 
 from fedshift.errors import ConfigError
 from fedshift.experiments import load_experiments, write_configs, write_if_changed, dump_config

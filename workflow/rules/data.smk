@@ -9,8 +9,22 @@ rule dvc_repro:
         expand("build/partitions/{scenario}/manifest.json", scenario=SCENARIOS_USED),
         expand("build/public/{public}/manifest.json", public=PUBLIC_USED),
     conda:
-        "../../environment.yml"
+        "../envs/fedshift.yaml"
+    params:
+        # the grid's data file (its `data_params` key, or --config data_params=...): DVC builds from
+        # params/data.yaml only, so a grid naming another file stops here with one line (issue 22 pt 4)
+        data=DATA_PARAMS,
     log:
         "logs/dvc_repro.log",
     shell:
-        "mkdir -p data && dvc repro > {log} 2>&1"
+        """
+        mkdir -p data
+        if [ "{params.data}" != params/data.yaml ] && ! cmp -s "{params.data}" params/data.yaml; then
+            echo "fedshift: error: this grid needs the data of {params.data}, but dvc repro builds from params/data.yaml: copy it there (cp {params.data} params/data.yaml) or merge its scenarios/public sets into it, then rerun" | tee {log} >&2
+            exit 1
+        fi
+        dvc repro > {log} 2>&1
+        for f in {output}; do
+            [ -e "$f" ] || {{ echo "fedshift: error: dvc repro did not build $f: add its scenario/public set to {params.data} (dvc builds from params/data.yaml)" | tee -a {log} >&2; exit 1; }}
+        done
+        """

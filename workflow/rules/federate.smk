@@ -13,7 +13,7 @@ rule federate:
         # every participant's final weights: `fedshift evaluate <run folder>` re-scores them
         models="results/federate/{scenario}/{public}/{method}/{structure}/seed{seed}/models.pt",
     conda:
-        "../../environment.yml"
+        "../envs/fedshift.yaml"
     log:
         "logs/federate/{scenario}/{public}/{method}/{structure}/seed{seed}.log",
     threads: federate_threads
@@ -24,4 +24,6 @@ rule federate:
     shell:
         # exec: the job's parent is Snakemake, so it stops (checkpoint kept, nothing published)
         # when Snakemake is killed (fedshift --die-with-parent; issue 23 case 8).
-        "exec fedshift federate --die-with-parent --threads {threads} {input.config} $(dirname {output.metrics}) > {log} 2>&1"
+        # stdout (the job's log lines) goes to the log; stderr (one progress line per finished
+        # round with the device, warnings, errors) goes to the log and to Snakemake's terminal.
+        ": > {log}; exec fedshift federate --die-with-parent --threads {threads} {input.config} $(dirname {output.metrics}) >> {log} 2> >(tee -a {log} >&2)"

@@ -13,7 +13,7 @@ rule pretrain:
         metrics="results/pretrain/{scenario}/{participant}/{arch}/seed{seed}/metrics.json",
         rounds="results/pretrain/{scenario}/{participant}/{arch}/seed{seed}/rounds.csv",
     conda:
-        "../../environment.yml"
+        "../envs/fedshift.yaml"
     log:
         "logs/pretrain/{scenario}/{participant}/{arch}/seed{seed}.log",
     # BASE checkpoints gate the methods that start from them: schedule them first so those
@@ -27,4 +27,6 @@ rule pretrain:
     shell:
         # exec: the job's parent is Snakemake, so it stops (checkpoint kept, nothing published)
         # when Snakemake is killed (fedshift --die-with-parent; issue 23 case 8).
-        "exec fedshift pretrain --die-with-parent --threads {threads} {input.config} $(dirname {output.model}) > {log} 2>&1"
+        # stdout (the job's log lines) goes to the log; stderr (one progress line per finished
+        # round with the device, warnings, errors) goes to the log and to Snakemake's terminal.
+        ": > {log}; exec fedshift pretrain --die-with-parent --threads {threads} {input.config} $(dirname {output.model}) >> {log} 2> >(tee -a {log} >&2)"

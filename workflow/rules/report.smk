@@ -24,7 +24,7 @@ rule collect:
     output:
         report(COLLECT_CSV, caption="../report/runs.rst", category="Runs", labels={"table": "runs.csv"}),
     conda:
-        "../../environment.yml"
+        "../envs/fedshift.yaml"
     log:
         f"logs/collect-{REPORT_NAME or 'main'}.log",
     params:
@@ -53,7 +53,7 @@ rule report:
             labels=report_labels,
         ),
     conda:
-        "../../environment.yml"
+        "../envs/fedshift.yaml"
     log:
         f"logs/report-{REPORT_NAME or 'main'}.log",
     shell:

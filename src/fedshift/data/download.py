@@ -42,7 +42,7 @@ from typing import Optional
 from urllib.parse import urlparse
 
 from ..errors import ConfigError
-from .store import atomic_dir, sha256_file
+from .store import atomic_dir, published_mode, sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -161,6 +161,7 @@ def download(url: str, dest: Path, md5: Optional[str] = None, sha256: Optional[s
     last: Exception | None = None
     for attempt in range(1, retries + 1):
         fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.part-", dir=dest.parent)
+        os.fchmod(fd, published_mode(directory=False))
         try:
             log.info("downloading %s (attempt %d/%d)", url, attempt, retries)
             with os.fdopen(fd, "wb") as f:
@@ -316,6 +317,7 @@ def decompress(src: Path, dest: Path) -> Path:
     src, dest = Path(src), Path(dest)
     opener = _OPENERS[src.suffix]
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.part-", dir=dest.parent)
+    os.fchmod(fd, published_mode(directory=False))
     try:
         with os.fdopen(fd, "wb") as out, opener(src, "rb") as f:
             shutil.copyfileobj(f, out, CHUNK)

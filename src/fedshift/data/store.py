@@ -87,6 +87,26 @@ def remove_stale(target: Path) -> None:
             shutil.rmtree(p, ignore_errors=True) if p.is_dir() else p.unlink(missing_ok=True)
 
 
+def current_umask() -> int:
+    """The process umask, read without changing it (``/proc/self/status``), else via os.umask."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def published_mode(directory: bool) -> int:
+    """What a plain ``mkdir``/``open`` would give under the user's umask. ``tempfile`` creates
+    0700 folders and 0600 files whatever the umask; published results keep that mode after the
+    rename, so collaborators on a shared cluster could not read them (issue 22, point 3)."""
+    return (0o777 if directory else 0o666) & ~current_umask()
+
+
 @contextlib.contextmanager
 def atomic_dir(target: Path) -> Iterator[Path]:
     """Yield a temporary folder; on success it replaces ``target``; on error it is removed.
@@ -98,6 +118,7 @@ def atomic_dir(target: Path) -> Iterator[Path]:
     target.parent.mkdir(parents=True, exist_ok=True)
     remove_stale(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.tmp-", dir=target.parent))
+    os.chmod(tmp, published_mode(directory=True))
     try:
         yield tmp
     except BaseException:
@@ -116,6 +137,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.tmp-", dir=path.parent)
     try:
+        os.fchmod(fd, published_mode(directory=False))
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)
