@@ -47,7 +47,11 @@ def test_console_script_installed():
 
 
 def test_version(capsys):
+    from importlib import metadata
+
     from fedshift import __version__
+
+    assert metadata.version("fedshift") == __version__  # pyproject.toml and the package agree
 
     with pytest.raises(SystemExit) as exc:
         main(["--version"])

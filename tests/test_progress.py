@@ -51,11 +51,11 @@ def test_rule_shows_stderr_and_keeps_log(tmp_path, rule):
     from pathlib import Path
 
     text = (Path(__file__).parents[1] / "workflow" / "rules" / f"{rule}.smk").read_text()
-    line = re.search(r'^\s*"(: > \{log\}; fedshift ' + rule + r' .*)"\s*$', text, re.M).group(1)
+    line = re.search(r'^\s*"(: > \{log\}; (?:exec )?fedshift ' + rule + r' .*)"\s*$', text, re.M).group(1)
     log = tmp_path / "job.log"
     fake = "echo INFO-line; echo '[job] 1/2 ... on cpu' >&2"
     cmd = line.replace("{log}", str(log))
-    cmd = re.sub(r"fedshift " + rule + r" [^>]*>>", "{ " + fake + "; } >>", cmd)
+    cmd = re.sub(r"(?:exec )?fedshift " + rule + r" [^>]*>>", "{ " + fake + "; } >>", cmd)
     res = subprocess.run(["bash", "-euo", "pipefail", "-c", cmd], capture_output=True, text=True, timeout=20)
     assert res.returncode == 0, res.stderr
     assert res.stdout == ""

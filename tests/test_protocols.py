@@ -224,6 +224,7 @@ def _grid(method, engine, params=None):
     exp["engine"].update(engine)
     exp["methods"] = {method: params or {}}
     exp.pop("scenario_overrides", None)  # params/experiments.yaml's rotmnist protocol would win over `methods`
+    exp.pop("report", None)  # its tables name the protocol grid's methods, which this one-method grid does not run
     exp["grid"] = [{"name": "g", "scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": [method],
                     "structures": ["homo_lenet"], "seeds": [0]}]
     return exp

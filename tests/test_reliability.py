@@ -404,4 +404,4 @@ def test_job_stops_when_its_parent_is_killed_and_the_rerun_resumes(tiny_data, tm
     res = subprocess.run([sys.executable, "-m", "fedshift.cli", "federate", "--no-tracking", str(tmp_path / "cfg.yaml"),
                           str(out)], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
-    assert f"resuming {cfg['run_name']} after round {killed_at}" in res.stderr
+    assert f"resuming {cfg['run_name']} after round {killed_at}" in res.stdout + res.stderr  # INFO lines go to stdout (the job log), warnings to stderr

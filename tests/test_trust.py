@@ -84,7 +84,8 @@ def test_diverging_lr_fails_with_one_line_and_mlflow_failed(tiny_data, tmp_path,
     out = tmp_path / "out"
     capsys.readouterr()  # drop the store's creation messages
     code = main(["federate", str(_write(tmp_path, cfg)), str(out)])
-    err = capsys.readouterr().err.strip().splitlines()
+    # stderr carries the job's progress lines ("[run] ..."), then the error as one line
+    err = [line for line in capsys.readouterr().err.strip().splitlines() if not line.startswith("[")]
     assert code == 1
     assert len(err) == 1 and err[0].startswith("fedshift: error: non-finite")
     assert "method base, participant m0, round 1, term local_loss" in err[0]

@@ -269,8 +269,12 @@ def cmd_evaluate(args) -> None:
 
 
 def main(argv: List[str] | None = None) -> int:
-    from . import __version__
+    from importlib import metadata
 
+    try:  # the installed distribution's version (the package root is above cli in the layers)
+        __version__ = metadata.version("fedshift")
+    except metadata.PackageNotFoundError:
+        __version__ = "unknown (not installed)"
     parser = argparse.ArgumentParser(prog="fedshift", description=__doc__.split("\n\n")[0])
     parser.add_argument("--version", action="version", version=f"fedshift {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)

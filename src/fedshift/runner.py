@@ -146,7 +146,7 @@ def check_labels(data) -> None:
 def check_skipped(fed, eng, run: str, skipped: int, checked: int) -> None:
     """``on_nonfinite: skip_batch`` must not hide divergence: more than ``max_skipped_fraction`` of
     this round's or of the run's batches skipped stops the job (issue 23 case 4); any skip is printed."""
-    from ..errors import NonFiniteError
+    from .errors import NonFiniteError
 
     if not skipped:
         return
