@@ -8,7 +8,9 @@ from snakemake.utils import min_version, validate
 min_version("9.0")
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 # workflow/envs/fedshift.yaml installs fedshift with pip from ${FEDSHIFT_ROOT}: this checkout.
-os.environ["FEDSHIFT_ROOT"] = os.path.abspath(os.path.join(workflow.basedir, ".."))
+# Set, not read (update() rather than os.environ[...]: the linter takes any subscript for a read
+# that would need an `envvars:` assertion).
+os.environ.update(FEDSHIFT_ROOT=os.path.abspath(os.path.join(workflow.basedir, "..")))
 
 from fedshift.errors import ConfigError
 from fedshift.experiments import load_experiments, write_configs, write_if_changed, dump_config
