@@ -50,3 +50,30 @@ def synthetic_federation(num_clients, per_client=12, arch="lenet", seed=0, serve
     fed = Federation(data, models, archs, cfg, seed, torch.device("cpu"))
     fed.round = 1
     return fed
+
+
+def client_params(fed, i=0):
+    """Participant ``i``'s parameters, flattened (to compare two runs' weights)."""
+    return torch.cat([p.detach().flatten() for p in fed.clients[i].model.parameters()])
+
+
+def run_method(root, params, method, rounds, archs, **engine):
+    """Set ``method`` up on a tiny federation (no public augmentation) and run ``rounds`` rounds."""
+    from fedshift.methods import create_method
+
+    fed = tiny_federation(root, archs, public_aug="none", **engine)
+    m = create_method(method, params)
+    m.setup(fed)
+    for r in range(1, rounds + 1):
+        fed.round = r
+        m.run_round(fed, r)
+    return fed, m
+
+
+def copy_engine_state(fed_a, fed_b):
+    """What the engine restores itself on resume: the participants' weights and the random streams."""
+    for ca, cb in zip(fed_a.clients, fed_b.clients):
+        cb.model.load_state_dict(ca.model.state_dict())
+        cb.generator.set_state(ca.generator.get_state())
+    fed_b.public_gen.set_state(fed_a.public_gen.get_state())
+    fed_b.aug_gen.set_state(fed_a.aug_gen.get_state())

@@ -16,7 +16,7 @@ from fedshift import losses as L
 from fedshift.errors import ConfigError
 from fedshift.methods import create_method
 
-from helpers import tiny_federation
+from helpers import copy_engine_state, tiny_federation
 
 DT = torch.float64
 
@@ -215,12 +215,7 @@ def test_restored_method_behaves_identically(make_fed, name):
         fed_b = make_fed(name)
         m_b = create_method(name)
         m_b.setup(fed_b)
-        # what the engine restores itself: the participants' weights and the random streams
-        for ca, cb in zip(fed_a.clients, fed_b.clients):
-            cb.model.load_state_dict(ca.model.state_dict())
-            cb.generator.set_state(ca.generator.get_state())
-        fed_b.public_gen.set_state(fed_a.public_gen.get_state())
-        fed_b.aug_gen.set_state(fed_a.aug_gen.get_state())
+        copy_engine_state(fed_a, fed_b)  # what the engine restores itself
         if with_state:
             m_b.load_state_dict(state)
         fed_b.round = 2

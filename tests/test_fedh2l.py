@@ -17,7 +17,7 @@ from fedshift.losses import batch_accuracy, confidence_weights, h2l_mutual_loss,
 from fedshift.methods import create_method
 from fedshift.methods import fedh2l as fedh2l_mod
 
-from helpers import tiny_federation
+from helpers import client_params, run_method, tiny_federation
 
 LENET4 = ("lenet",) * 4
 
@@ -118,17 +118,11 @@ def test_best_val_selection_per_participant():
 
 # ------------------------------------------------------------------ the method
 def _params(fed, i=0):
-    return torch.cat([p.detach().flatten() for p in fed.clients[i].model.parameters()])
+    return client_params(fed, i)
 
 
 def _run(tiny_data, params, rounds=3, method="fedh2l", archs=LENET4):
-    fed = tiny_federation(tiny_data, archs, public_aug="none")
-    m = create_method(method, params)
-    m.setup(fed)
-    for r in range(1, rounds + 1):
-        fed.round = r
-        m.run_round(fed, r)
-    return fed, m
+    return run_method(tiny_data, params, method, rounds, archs)
 
 
 def test_flat_grad_buffer_is_the_gradient(tiny_data):

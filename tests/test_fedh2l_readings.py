@@ -8,23 +8,17 @@ import torch
 from fedshift.errors import ConfigError
 from fedshift.methods import create_method
 from fedshift.runner import build_models
-from helpers import tiny_federation
+from helpers import client_params, run_method, tiny_federation
 
 LENET4 = ("lenet",) * 4
 
 
 def _params(fed, i=0):
-    return torch.cat([p.detach().flatten() for p in fed.clients[i].model.parameters()])
+    return client_params(fed, i)
 
 
 def _run(tiny_data, params, method="fedh2l", rounds=3, **engine):
-    fed = tiny_federation(tiny_data, LENET4, public_aug="none", **engine)
-    m = create_method(method, params)
-    m.setup(fed)
-    for r in range(1, rounds + 1):
-        fed.round = r
-        m.run_round(fed, r)
-    return fed, m
+    return run_method(tiny_data, params, method, rounds, LENET4, **engine)
 
 
 def _peer_logits(model, xs):

@@ -16,7 +16,7 @@ from fedshift.experiments import load_experiments, snakemake_config
 from fedshift.methods import create_method
 from fedshift.methods.moon import MOONParams
 
-from helpers import tiny_federation
+from helpers import copy_engine_state, tiny_federation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -94,11 +94,7 @@ def test_local_protocol_resumes_bit_identically(tiny_data, name):
     fed_b = tiny_federation(tiny_data, ("lenet",) * 2, rounds=2)
     m_b = create_method(name, params)
     m_b.setup(fed_b)
-    for ca, cb in zip(fed_a.clients, fed_b.clients):
-        cb.model.load_state_dict(ca.model.state_dict())
-        cb.generator.set_state(ca.generator.get_state())
-    fed_b.public_gen.set_state(fed_a.public_gen.get_state())
-    fed_b.aug_gen.set_state(fed_a.aug_gen.get_state())
+    copy_engine_state(fed_a, fed_b)
     m_b.load_state_dict(torch.load(buf, weights_only=True))
     for fed, m in ((fed_a, m_a), (fed_b, m_b)):
         fed.round = 2
