@@ -13,7 +13,7 @@ import yaml
 from fedshift.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
-FCCL_PLUS_REAL = ["fccl_plus_table8", "fccl_plus_table15"]
+FCCL_PLUS_REAL = ["fccl_plus_table8", "fccl_plus_table15", "fccl_plus_table19"]
 
 
 @pytest.mark.parametrize("grid", FCCL_PLUS_REAL)
@@ -46,3 +46,48 @@ def test_dvc_repro_job_carries_the_grids_data_file(tmp_path):
     assert len(err) == 1 and err[0].startswith("fedshift: error: this grid needs the data of "
                                                "params/papers/fccl_plus_data.yaml")
     assert "cp params/papers/fccl_plus_data.yaml params/data.yaml" in err[0]
+
+
+def _grid_files():
+    return sorted(p for p in (ROOT / "params/papers").glob("*.yaml") if "grid" in (yaml.safe_load(p.read_text()) or {}))
+
+
+@pytest.mark.parametrize("path", _grid_files(), ids=lambda p: p.stem)
+def test_every_paper_grid_plans_alone_or_refuses_naming_the_file_it_adds_to(path, capsys, monkeypatch):
+    """Complete on its own (its engine block with the schedule) or an overlay that refuses alone."""
+    monkeypatch.chdir(ROOT)
+    cfg = yaml.safe_load(path.read_text())
+    rel = str(path.relative_to(ROOT))
+    code = main(["validate", "--experiments", rel])
+    out = capsys.readouterr()
+    if "overlay_of" in cfg:
+        assert code != 0
+        lines = out.err.strip().splitlines()
+        assert len(lines) == 1 and f"--configfile {cfg['overlay_of']} {rel}" in lines[0], out.err
+        assert main(["validate", "--experiments", cfg["overlay_of"], rel]) == 0  # in order: it plans
+        assert main(["validate", "--experiments", rel, cfg["overlay_of"]]) != 0  # wrong order: refused
+    else:
+        assert code == 0, out.err
+        assert "rounds" in (cfg.get("engine") or {}), f"{rel} sets no engine.rounds: it would run the demo's"
+
+
+def test_table5_6_shares_table2s_fedh2l_run(monkeypatch):
+    """fedh2l_table5_6.yaml alone plans Table II's schedule: its `fedh2l` row is the same job
+    config as Table II's alpha = 10 % row (one run under results/federate/ serves both reports)."""
+    from fedshift.experiments import load_experiments, snakemake_config
+
+    monkeypatch.chdir(ROOT)
+    key = "rotmnist_a10/none/fedh2l/homo_lenet/seed0"
+    t2 = load_experiments(snakemake_config(ROOT / "params/papers/fedh2l_table2.yaml"), ROOT / "params/data.yaml")
+    t56 = load_experiments(snakemake_config(ROOT / "params/papers/fedh2l_table5_6.yaml"), ROOT / "params/data.yaml")
+    assert t56.federate_config(key) == t2.federate_config(key)
+    assert t56.federate_config(key)["engine"]["rounds"] == 10000
+
+
+def test_snakemake_refuses_an_overlay_alone_in_one_line():
+    snakemake = Path(sys.executable).with_name("snakemake")
+    res = subprocess.run([str(snakemake), "-n", "--configfile", "params/papers/fedh2l_table2_quick.yaml"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert res.returncode != 0
+    assert ("fedshift: error: params/papers/fedh2l_table2_quick.yaml only adds to params/papers/fedh2l_table2.yaml"
+            in res.stdout + res.stderr)

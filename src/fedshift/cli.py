@@ -248,7 +248,7 @@ def cmd_report(args) -> None:
 def cmd_validate(args) -> None:
     from .experiments import load_experiments, snakemake_config
 
-    exp = snakemake_config(Path(args.experiments))
+    exp = snakemake_config([Path(f) for f in args.experiments])
     plan = load_experiments(exp, Path(exp.pop("data_params", None) or args.data_params))
     needed = plan.needed_pretrain()
     print(f"ok: {len(needed)} pretrain and {len(plan.federate)} federate jobs")
@@ -333,7 +333,9 @@ def main(argv: List[str] | None = None) -> int:
     p.set_defaults(fn=cmd_evaluate)
 
     p = sub.add_parser("validate", help="check the experiment grid and configs")
-    p.add_argument("--experiments", default="params/experiments.yaml")
+    p.add_argument("--experiments", nargs="+", default=["params/experiments.yaml"], metavar="GRID",
+                   help="grid file(s), merged in order as snakemake --configfile merges them "
+                        "(an overlay such as fedh2l_table2_quick.yaml after the file it adds to)")
     p.add_argument("--data-params", default="params/data.yaml")
     p.set_defaults(fn=cmd_validate)
 

@@ -19,7 +19,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
@@ -54,17 +54,52 @@ def deep_merge(base: Mapping, over: Mapping) -> dict:
     return out
 
 
-def snakemake_config(configfile: Path, workflow_config: Path = WORKFLOW_CONFIG, replace: bool = False) -> dict:
-    """The config ``snakemake --configfile <configfile>`` runs with: the Snakefile's
-    ``params/experiments.yaml`` with ``configfile`` merged over it (``replace``: the
-    ``--replace-workflow-config`` flag, ``configfile`` alone)."""
-    own = load_yaml(configfile)
-    same = Path(configfile).resolve() == Path(workflow_config).resolve()
+def snakemake_config(configfile, workflow_config: Path = WORKFLOW_CONFIG, replace: bool = False) -> dict:
+    """The config ``snakemake --configfile <configfile ...>`` runs with: the Snakefile's
+    ``params/experiments.yaml`` with each ``configfile`` merged over it in order (``replace``:
+    the ``--replace-workflow-config`` flag, the files alone). A file that is an overlay of
+    another (``overlay_of``) must come after it (:func:`check_overlays`)."""
+    files = [Path(configfile)] if isinstance(configfile, (str, Path)) else [Path(f) for f in configfile]
+    check_overlays(files)
+    own: dict = {}
+    for f in files:
+        own = deep_merge(own, load_yaml(f))
+    own.pop(OVERLAY_KEY, None)
+    same = len(files) == 1 and files[0].resolve() == Path(workflow_config).resolve()
     if replace or same or not Path(workflow_config).exists():
         return own
     merged = deep_merge(load_yaml(workflow_config), own)
     merged["report"] = deep_merge({}, own.get("report") or {})  # a user grid reports only what it names
     return merged
+
+
+# A grid file that only adds to another (a reduced schedule, an extra table on the same engine)
+# names it: ``overlay_of: params/papers/fedh2l_table2.yaml``. Alone it would plan with the demo's
+# engine block and report the demo schedule under the paper's table name (issue 22 point 4).
+OVERLAY_KEY = "overlay_of"
+
+
+def check_overlays(configfiles: Sequence) -> None:
+    """Refuse, in one line, an overlay given without the file it adds to before it."""
+    seen: List[Path] = []
+    for f in configfiles:
+        base = load_yaml(Path(f)).get(OVERLAY_KEY)
+        f = _shown(Path(f))
+        if base is not None:
+            if not isinstance(base, str) or not base:
+                raise ConfigError(f"{f}: {OVERLAY_KEY}: {base!r} must be the path of the grid file it adds to")
+            if not any(Path(s).resolve() == Path(base).resolve() for s in seen):
+                raise ConfigError(f"{f} only adds to {base} ({OVERLAY_KEY}) and does not plan alone: "
+                                  f"give both, in this order: --configfile {base} {f}")
+        seen.append(Path(f))
+
+
+def _shown(path: Path) -> str:
+    """``path`` as the user would type it: relative to the working folder when under it."""
+    try:
+        return str(path.resolve().relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
 
 
 def load_yaml(path: Path) -> dict:

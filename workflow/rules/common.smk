@@ -17,14 +17,19 @@ from fedshift.experiments import load_experiments, write_configs, write_if_chang
 
 DATA_PARAMS = config.get("data_params", "params/data.yaml")
 # Execution keys set by a profile or --config, not part of the experiment grid.
-WORKFLOW_KEYS = ("data_params", "gpus_per_job", "threads_per_job")
+WORKFLOW_KEYS = ("data_params", "gpus_per_job", "threads_per_job", "overlay_of")
 GRID = {k: v for k, v in config.items() if k not in WORKFLOW_KEYS}
 # A user grid (--configfile) reports only what it names: its report block replaces the default's
 # instead of being merged into it (else it inherits report.published from params/experiments.yaml).
 _USER_FILES = [f for f in workflow.overwrite_configfiles or []
                if os.path.abspath(f) != os.path.abspath("params/experiments.yaml")]
 if _USER_FILES:
-    from fedshift.experiments import deep_merge, load_yaml
+    from fedshift.experiments import check_overlays, deep_merge, load_yaml
+
+    try:  # an overlay (overlay_of) refuses to plan without the grid it adds to, before it
+        check_overlays(_USER_FILES)
+    except ConfigError as exc:
+        raise WorkflowError(f"fedshift: error: {exc}") from None
 
     GRID["report"] = {}
     for _f in _USER_FILES:
