@@ -43,8 +43,18 @@ Configurations (``--configs``; each is ``defaults`` with one lever changed, exce
     graphs_all    engine.public_graphs: all (every participant's autograd graph alive in the
                   collaborative step: K-1 fewer forward passes, K times the activation memory)
 
+``--authors PATH`` runs the authors' FCCL+ code (a clone of github.com/WenkeHuang/FCCL that
+the user fetches; never vendored) on the same synthetic images in the same sitting, as one
+more configuration in the alternation (authors, A, B, authors, A, B, ...), unmodified
+(benchmarks/authors_fccl_plus.py says how it is driven), and prints the ratio of its whole
+process to each configuration's. Without it no ratio is printed: the authors' figures of
+issue 14 (AUTHORS below) were measured on another machine, and machines of this kind differ
+(AVX2-only or AVX-512 with BF16); the header names this machine's CPU and its vector flags.
+
     PYTHONPATH=src python benchmarks/bench_vs_reference.py --quick --configs defaults before
     PYTHONPATH=src python benchmarks/bench_vs_reference.py --threads 2 --repeats 2 --configs defaults before
+    git clone https://github.com/WenkeHuang/FCCL /tmp/FCCL
+    PYTHONPATH=src python benchmarks/bench_vs_reference.py --authors /tmp/FCCL --configs defaults
 """
 
 from __future__ import annotations
@@ -64,7 +74,8 @@ from typing import Dict, List
 T_START = time.perf_counter()
 ROOT = Path(__file__).resolve().parents[1]
 
-# The authors' FCCL+ code on this workload, 2-core machine of this kind, two runs (issue 14).
+# The authors' FCCL+ code on this workload, measured on ANOTHER 2-core machine (issue 14), two
+# runs: printed for orientation only, never divided into this machine's figures (use --authors).
 AUTHORS = {"collab": (458, 425), "local": (100, 97), "eval": (81, 75), "whole": (642, 599), "rss_gb": (17.1, 17.1)}
 
 FULL = {"private": [138, 94, 4000, 1000], "public": 2000, "test": 1000}
@@ -163,8 +174,13 @@ def worker(spec: Dict) -> Dict:
 
 
 # ---------------------------------------------------------------------- parent
+AUTHORS_RUN = "authors"  # the configuration name of the authors' code run in this sitting (--authors)
+
+
 def run_one(name: str, args) -> Dict:
-    spec = {"config": CONFIGS[name], "threads": args.threads, "sizes": QUICK if args.quick else FULL}
+    spec = {"config": CONFIGS.get(name, {}), "threads": args.threads, "sizes": QUICK if args.quick else FULL}
+    if name == AUTHORS_RUN:
+        spec["authors"] = str(args.authors)
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
     t0 = time.perf_counter()
     res = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], env=env, capture_output=True,
@@ -186,19 +202,39 @@ def fmt(v: float, unit: str = "") -> str:
     return "-" if v != v else f"{v:.1f}{unit}"
 
 
+def cpu_description() -> str:
+    """This machine's CPU model and the vector flags that decide the speed of these kernels."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name") and ":" in line:
+                model = line.split(":", 1)[1].strip()
+            elif line.startswith("flags") and ":" in line:
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    shown = [f for f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile") if f in flags]
+    return f"{model} (flags: {' '.join(shown) or 'no AVX2/AVX-512 flags listed'})"
+
+
 def report(results: Dict[str, List[Dict]], args) -> None:
     cols = PHASES + ["whole"]
+    here = AUTHORS_RUN in results
     print("| configuration | " + " | ".join(f"{c} (s)" for c in cols) + " | user / sys CPU s | peak RSS (GB) "
-          "| whole vs authors |")
+          "| authors' whole / this whole (same sitting) |")
     print("| --- | " + " | ".join("---:" for _ in cols) + " | ---: | ---: | ---: |")
-    if not args.quick:
+    if not args.quick and not here:
         a = AUTHORS
-        print(f"| authors' code (issue 14) | - | {a['collab'][0]} / {a['collab'][1]} | {a['local'][0]} / {a['local'][1]} "
-              f"| - | {a['eval'][0]} / {a['eval'][1]} | {a['whole'][0]} / {a['whole'][1]} | - | {a['rss_gb'][0]} | 1.0x |")
+        print(f"| authors' code, issue 14's machine (not this one: no ratio) | - | {a['collab'][0]} / {a['collab'][1]} "
+              f"| {a['local'][0]} / {a['local'][1]} | - | {a['eval'][0]} / {a['eval'][1]} | {a['whole'][0]} / "
+              f"{a['whole'][1]} | - | {a['rss_gb'][0]} | - |")
+    authors_whole = median(results[AUTHORS_RUN], "whole", "wall") if here else float("nan")
     for name, runs in results.items():
         cells = " | ".join(fmt(median(runs, c, "wall")) for c in cols)
         whole = median(runs, "whole", "wall")
-        ratio = "-" if args.quick else f"{min(AUTHORS['whole']) / whole:.2f}x faster"
+        ratio = "-" if not here else ("1.00x (reference)" if name == AUTHORS_RUN else
+                                      f"{authors_whole / whole:.2f}x" + (" faster" if authors_whole > whole else " slower"))
         print(f"| {name} | {cells} | {median(runs, 'whole', 'user'):.0f} / {median(runs, 'whole', 'sys'):.0f} "
               f"| {median(runs, 'whole', 'rss_gb'):.2f} | {ratio} |")
     print("\nPer phase, user / sys CPU seconds (median):\n")
@@ -208,6 +244,11 @@ def report(results: Dict[str, List[Dict]], args) -> None:
         cells = " | ".join("-" if not any(p in r for r in runs) else
                            f"{median(runs, p, 'user'):.1f} / {median(runs, p, 'sys'):.1f}" for p in PHASES)
         print(f"| {name} | {cells} |")
+
+
+def _git_head(path: Path) -> str:
+    res = subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return res.stdout.strip() or "unknown commit"
 
 
 def main(argv: List[str] | None = None) -> None:
@@ -220,19 +261,37 @@ def main(argv: List[str] | None = None) -> None:
     p.add_argument("--repeats", type=int, default=1, help="runs per configuration, alternating (median reported)")
     p.add_argument("--threads", type=int, default=2, help="torch threads (the authors' figures: 2 cores)")
     p.add_argument("--json", type=Path, default=None, help="also write every run's figures to this JSON file")
+    p.add_argument("--authors", type=Path, default=None, metavar="PATH",
+                   help="a clone of github.com/WenkeHuang/FCCL (or its fccl+ folder): run the authors' FCCL+ code "
+                        "on the same data in this sitting and print the ratio")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
-        print(json.dumps(worker(json.loads(args.worker))))
+        spec = json.loads(args.worker)
+        if "authors" in spec:
+            sys.path.insert(0, str(Path(__file__).resolve().parent))
+            from authors_fccl_plus import worker as authors_worker
+
+            print(json.dumps(authors_worker(spec, synthetic)))
+        else:
+            print(json.dumps(worker(spec)))
         return
+    if args.authors is not None:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from authors_fccl_plus import fccl_plus_folder
+
+        args.authors = fccl_plus_folder(args.authors)  # a bad path fails here, before any run
+        args.configs = [AUTHORS_RUN] + [c for c in args.configs if c != AUTHORS_RUN]
     import torch
 
     print(f"# FCCL+ on the authors' benchmark workload{' (quick: 1/8 of the data)' if args.quick else ''}\n")
     print(f"command: `{' '.join(['python'] + sys.argv)}`\n")
-    print(f"machine: {platform.processor() or platform.machine()}, torch {torch.__version__}, "
+    print(f"machine: {cpu_description()}, torch {torch.__version__}, "
           f"{os.cpu_count()} cores, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
           f"{args.threads} threads, load {os.getloadavg()[0]:.1f} at start; median of {args.repeats} run(s) "
           f"per configuration, alternating\n", flush=True)
+    if args.authors is not None:
+        print(f"authors' code: {args.authors} (git {_git_head(args.authors)}), run unmodified in this sitting\n")
     results: Dict[str, List[Dict]] = {n: [] for n in args.configs}
     for _ in range(args.repeats):
         for name in args.configs:

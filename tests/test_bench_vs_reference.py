@@ -1,0 +1,54 @@
+"""benchmarks/bench_vs_reference.py: a ratio only from the same sitting (issue 22 point 11).
+
+The side-by-side run itself needs the authors' repository (fetched by the user, never vendored)
+and minutes of both cores: it is a benchmark, not a test. What is tested here is what the
+script says before and without it."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks/bench_vs_reference.py"
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_vs_reference as bvr  # noqa: E402
+
+
+def test_a_path_without_the_authors_code_fails_in_one_line_before_any_run(tmp_path):
+    (tmp_path / "models").mkdir()  # a folder that is not the authors' fccl+
+    res = subprocess.run([sys.executable, str(SCRIPT), "--quick", "--authors", str(tmp_path)], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode != 0
+    assert "configuration" not in res.stdout + res.stderr  # no run started
+    last = res.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"--authors {tmp_path}") and "fccl+" in last and "git clone" in last
+
+
+def test_without_authors_no_cross_machine_ratio_is_printed(capsys):
+    run = {p: {"wall": 10.0, "user": 9.0, "sys": 1.0, "rss_gb": 1.0} for p in bvr.PHASES + ["whole"]}
+    args = type("A", (), {"quick": False})()
+    bvr.report({"defaults": [run]}, args)
+    out = capsys.readouterr().out
+    assert "not this one: no ratio" in out
+    assert "faster" not in out and "slower" not in out  # issue 14's figures are another machine's
+
+
+def test_with_the_authors_run_the_ratio_divides_the_same_sittings_medians(capsys):
+    def run(whole):
+        return {p: {"wall": whole, "user": 1.0, "sys": 0.0, "rss_gb": 1.0} for p in bvr.PHASES + ["whole"]}
+
+    bvr.report({bvr.AUTHORS_RUN: [run(300.0), run(500.0)], "defaults": [run(100.0)], "before": [run(800.0)]},
+               type("A", (), {"quick": False})())
+    first_table = capsys.readouterr().out.split("\n\n")[0]  # the wall-time table (then the CPU one)
+    rows = {line.split("|")[1].strip(): line for line in first_table.splitlines() if line.startswith("| ")}
+    assert rows["defaults"].rstrip(" |").endswith("4.00x faster")  # median(300, 500) / 100
+    assert rows["before"].rstrip(" |").endswith("0.50x slower")
+    assert "issue 14's machine" not in "".join(rows)
+
+
+def test_the_header_names_the_cpu_and_its_vector_flags():
+    text = bvr.cpu_description()
+    assert "(flags: " in text
+    flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0].split()
+    assert ("avx2" in text) == ("avx2" in flags)
