@@ -297,6 +297,35 @@ def test_rotmnist_alpha_scenarios_partition_disjoint(tiny_data, tmp_path):
     assert man["audit"]["disjoint_by_index"] and man["params"]["alpha"] == 0.05
 
 
+def test_alpha_scenarios_share_val_and_test_images_and_nest_their_seed_sets(tiny_data, tmp_path):
+    """Table II compares alphas: rotmnist_a05/a10/a15 must differ in the seed/private boundary
+    only (same validation and test images, seed sets nested), else an alpha difference mixes in
+    a different test set. The plain `rotmnist` (eval_first false) keeps its first layout."""
+    import numpy as np
+
+    from fedshift.data import build
+
+    rows = {}
+    for name in ("rotmnist_a05", "rotmnist_a10", "rotmnist_a15"):
+        out = tmp_path / name
+        build.partition(name, {"mnist5k": tiny_data / "datasets/mnist5k"}, out, {"per_class": 20})
+        rows[name] = {role: set(np.load(out / "m20" / f"{role}_index.npy").tolist())
+                      for role in ("test", "val", "public", "private")}
+    a05, a10, a15 = rows["rotmnist_a05"], rows["rotmnist_a10"], rows["rotmnist_a15"]
+    for role in ("test", "val"):
+        assert a05[role] == a10[role] == a15[role]
+    assert a05["public"] < a10["public"] < a15["public"]  # strictly nested: 10 < 20 < 30 of 200
+    assert a15["private"] < a10["private"] < a05["private"]
+    assert len(a15["public"]) == 30 and len(a05["test"]) == 30
+    # the first layout (public cut first) moves the test images with alpha
+    from fedshift.data.scenarios.rotmnist import RotMnistParams, build_rotmnist
+
+    dirs = {"mnist5k": tiny_data / "datasets/mnist5k"}
+    old = [set(build_rotmnist(dirs, RotMnistParams(per_class=20, alpha=a, test=0.15, eval_first=False))["m0"]
+               .splits["test"].index.tolist()) for a in (0.05, 0.15)]
+    assert old[0] != old[1]
+
+
 def test_flat_params_takes_channels_last_weights_in_the_gradient_buffer_order():
     """engine.channels_last (the default) gives NHWC conv weights, which parameters_to_vector
     (view(-1)) refuses; flat_params flattens in logical order, the order of bind_flat_grads."""
