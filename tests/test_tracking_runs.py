@@ -130,3 +130,22 @@ def test_pretrain_runs_have_their_own_experiment(store):
     pretrain = client.search_runs([client.get_experiment_by_name("rotmnist-pretrain").experiment_id])
     assert [r.data.tags["fedshift.kind"] for r in fed] == ["federate"]
     assert [r.data.tags["fedshift.kind"] for r in pretrain] == ["pretrain"]
+
+
+def test_report_runs_are_named_by_grid_and_replaced_on_rerun(store):
+    """Two reports of one grid leave one live run named report/<grid>; another grid keeps its own."""
+    from mlflow.entities import ViewType
+
+    from fedshift.tracking import report_run
+
+    root, client = store
+    for grid in ("fedh2l_table2", None, "fedh2l_table2"):  # None: the main grid (no report.name)
+        with report_run(grid, root=root) as t:
+            t.log_metrics({"n": 1.0})
+    exp = client.get_experiment_by_name("report")
+    live = client.search_runs([exp.experiment_id])
+    assert sorted(r.info.run_name for r in live) == ["report/fedh2l_table2", "report/main"]
+    deleted = client.search_runs([exp.experiment_id], run_view_type=ViewType.DELETED_ONLY)
+    assert [r.info.run_name for r in deleted] == ["report/fedh2l_table2"]
+    newest = next(r for r in live if r.info.run_name == "report/fedh2l_table2")
+    assert newest.data.tags["fedshift.replaces"] == deleted[0].info.run_id

@@ -345,6 +345,25 @@ def job_run(cfg: Mapping[str, Any], kind: str, root: Path | None = None, resume_
     return mlflow_run(experiment, run_display_name(cfg), tags, root=root, resume_run_id=resume_run_id)
 
 
+REPORT_EXPERIMENT = "report"
+
+
+def report_run(grid: Optional[str], root: Path | None = None):
+    """The MLflow run of one grid's report: named ``report/<grid>`` (``report.name``, ``main``
+    for the main grid), tagged with that key, and replacing the grid's earlier report run, so
+    the "report" experiment holds one live run per grid instead of a pile of ``report/report``."""
+    key = f"report/{grid or 'main'}"
+    tags = {RUN_KEY_TAG: key, "fedshift.kind": "report", "git.commit": git_commit()}
+    try:
+        replaced = _Worker().call(lambda: replace_previous_runs(REPORT_EXPERIMENT, key, root), call_timeout())
+    except Exception as exc:
+        log.warning("MLflow: could not replace earlier runs of %s (%s)", key, type(exc).__name__)
+        replaced = []
+    if replaced:
+        tags["fedshift.replaces"] = ",".join(replaced)
+    return mlflow_run(REPORT_EXPERIMENT, key, tags, root=root)
+
+
 def environment_params() -> Dict[str, str]:
     """Software and hardware the job ran on (``env.*`` params)."""
     import platform

@@ -208,9 +208,9 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
         written = sorted(tmp.iterdir())
     final = [Path(out_dir) / p.name for p in written]
     if tracking and os.environ.get("FEDSHIFT_TRACKING", "mlflow") != "none":
-        from ..tracking import git_commit, mlflow_run
+        from ..tracking import report_run
 
-        with mlflow_run("report", f"report/{Path(out_dir).name}", {"git.commit": git_commit()}) as tr:
+        with report_run(report_cfg.get("name")) as tr:
             for p in final:
                 tr.log_artifact(p)
     return final
