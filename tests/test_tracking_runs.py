@@ -149,3 +149,43 @@ def test_report_runs_are_named_by_grid_and_replaced_on_rerun(store):
     assert [r.info.run_name for r in deleted] == ["report/fedh2l_table2"]
     newest = next(r for r in live if r.info.run_name == "report/fedh2l_table2")
     assert newest.data.tags["fedshift.replaces"] == deleted[0].info.run_id
+
+
+def test_fedh2l_metrics_reach_mlflow_only_where_the_grid_asks_for_them(tiny_data, tmp_path):
+    """A FedAvg run of a default grid logs no WDP/CDP/ACC keys (its charts lead with its own
+    headline); the same run in a FedH2L-style grid (pooled_rows, best_val) logs them.
+    metrics.json keeps them either way."""
+    import json
+
+    from fedshift import runner
+    from fedshift.engine.h2l_metrics import is_h2l_key
+    from fedshift.experiments import load_experiments
+    from fedshift.tracking import NullTracker
+
+    class Recording(NullTracker):
+        def __init__(self):
+            self.keys = set()
+
+        def log_metrics(self, metrics, step=None):
+            self.keys |= set(metrics)
+
+    logged = {}
+    for name, extra in (("plain", {}), ("h2l", {"pooled_rows": True, "select": "best_val", "eval_every": 1})):
+        exp = {"engine": {"rounds": 1, "device": "cpu", "local_batch": 64, **extra},
+               "grid": [{"scenarios": ["rotmnist"], "methods": ["fedavg"], "structures": ["homo_lenet"]}]}
+        plan = load_experiments(exp, {"scenarios": {"rotmnist": {}}}, results=str(tmp_path / name), build=str(tiny_data))
+        cfg = next(iter(plan.federate.values()))
+        tracker = Recording()
+        runner.run_federate(cfg, tmp_path / name / "run", tracker)
+        logged[name] = tracker.keys
+        assert any(is_h2l_key(k) for k in json.loads((tmp_path / name / "run/metrics.json").read_text())["headline"])
+    assert not any(is_h2l_key(k) for k in logged["plain"]), sorted(logged["plain"])
+    assert "avg/inter/top1" in logged["plain"]
+    assert {"avg/wdp", "avg/cdp", "avg/acc", "avg/val/acc", "m0/wdp"} <= logged["h2l"]
+
+
+def test_h2l_key_names():
+    from fedshift.engine.h2l_metrics import is_h2l_key
+
+    assert all(map(is_h2l_key, ["m0/wdp", "avg/cdp", "avg/acc", "m20/val/acc", "avg/val/acc"]))
+    assert not any(map(is_h2l_key, ["avg/inter/top1", "m0/intra/top5", "train/acc", "m0/train/acc", "global/acc"]))

@@ -29,6 +29,25 @@ from .evaluation import evaluate_domains
 POOLED = ("wdp", "cdp", "acc")
 
 
+def is_h2l_key(key: str) -> bool:
+    """A FedH2L metric key (``<p>/wdp|cdp|acc``, ``<p>/val/acc``, their ``avg/``)."""
+    parts = key.split("/")
+    if parts[0] in ("train", "global", "time", "table", "headline"):  # other families' prefixes
+        return False
+    return parts[-1] in POOLED and (len(parts) == 2 or len(parts) == 3 and parts[1] == "val")
+
+
+def tracked(engine: Mapping) -> bool:
+    """Whether a run's MLflow metrics carry FedH2L's metrics: only when its grid asks for them
+    (``engine.pooled_rows`` or ``engine.select: best_val``, as the FedH2L grids do), so other
+    runs' charts lead with their own headline (issue 22 point 7). metrics.json keeps them."""
+    return bool(engine.get("pooled_rows")) or engine.get("select") == "best_val"
+
+
+def without_h2l(metrics: Mapping[str, float]) -> Dict[str, float]:
+    return {k: v for k, v in metrics.items() if not is_h2l_key(k)}
+
+
 def pooled_rows(rows: Sequence[Mapping], sizes: Mapping[str, int]) -> List[dict]:
     """WDP / CDP / ACC rows (``domain: "pooled"``, top-1 and top-5) from per-domain rows.
 
