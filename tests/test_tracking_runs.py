@@ -189,3 +189,35 @@ def test_h2l_key_names():
 
     assert all(map(is_h2l_key, ["m0/wdp", "avg/cdp", "avg/acc", "m20/val/acc", "avg/val/acc"]))
     assert not any(map(is_h2l_key, ["avg/inter/top1", "m0/intra/top5", "train/acc", "m0/train/acc", "global/acc"]))
+
+
+def test_a_copied_store_finds_its_artifacts_after_the_old_folder_is_gone(tmp_path, monkeypatch):
+    """MLflow makes artifact locations absolute: a project folder copied elsewhere would read its
+    artifacts from the old folder. init_store (every workflow start) points them at the copy."""
+    import shutil
+
+    import mlflow
+
+    from fedshift.tracking import init_store, job_run
+
+    old, new = tmp_path / "old", tmp_path / "new"
+    old.mkdir()
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    init_store(old)
+    (old / "note.txt").write_text("the run's artifact")
+    with job_run(_cfg(), "federate", root=old) as t:
+        t.log_artifact(old / "note.txt")
+    shutil.copytree(old, new)
+    shutil.rmtree(old)
+    client = mlflow.MlflowClient(f"sqlite:///{new / 'mlflow.db'}")
+    run = client.search_runs([client.get_experiment_by_name("rotmnist").experiment_id])[0]
+    assert str(old) in run.info.artifact_uri  # before: the vanished folder
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)  # a fresh process in the copy (set_tracking_uri sets it)
+    init_store(new)
+    run = client.get_run(run.info.run_id)
+    assert run.info.artifact_uri.startswith((new / "mlartifacts").as_uri())
+    assert client.get_experiment_by_name("rotmnist").artifact_location.startswith((new / "mlartifacts").as_uri())
+    got = client.download_artifacts(run.info.run_id, "note.txt", str(tmp_path))
+    assert open(got).read() == "the run's artifact"
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    assert init_store(new) and client.get_run(run.info.run_id).info.artifact_uri == run.info.artifact_uri  # idempotent

@@ -9,6 +9,7 @@
     fedshift collect OUT RUN_DIRS...  (Snakemake rule collect)
     fedshift report RUNS_CSV OUT      (Snakemake rule report)
     fedshift validate                 (check params/*.yaml without running anything)
+    fedshift relocate-store [ROOT]    (a copied mlflow.db reads its artifacts from ROOT/mlartifacts)
     fedshift evaluate RUN_DIR         (re-score a federated run's published models.pt)
 
 Bad input ends with one line ``fedshift: error: <what and what is valid>`` and exit
@@ -259,6 +260,15 @@ def cmd_validate(args) -> None:
     print(f"ok: {len(needed)} pretrain and {len(plan.federate)} federate jobs")
 
 
+def cmd_relocate_store(args) -> None:
+    from .tracking import relocate_store
+
+    root = Path(args.root).resolve()
+    if not (root / "mlflow.db").exists():
+        raise ConfigError(f"{root} holds no mlflow.db; give the project folder of the copied store")
+    print(f"{relocate_store(root)} artifact locations now under {root / 'mlartifacts'}")
+
+
 def cmd_evaluate(args) -> None:
     from .runner import evaluate_run
 
@@ -343,6 +353,11 @@ def main(argv: List[str] | None = None) -> int:
                         "(an overlay such as fedh2l_table2_quick.yaml after the file it adds to)")
     p.add_argument("--data-params", default="params/data.yaml")
     p.set_defaults(fn=cmd_validate)
+
+    p = sub.add_parser("relocate-store", help="point a copied or moved mlflow.db at this folder's mlartifacts/ "
+                                              "(every workflow start does it too)")
+    p.add_argument("root", nargs="?", default=".", help="the project folder holding mlflow.db (default: .)")
+    p.set_defaults(fn=cmd_relocate_store)
 
     args = parser.parse_args(argv)
     # INFO lines on stdout (the rules send it to logs/); stderr keeps progress, warnings and errors,

@@ -124,13 +124,57 @@ def _retry(fn, *args, attempts: int = 8, **kwargs):
 
 
 def init_store(root: Path | None = None) -> str:
-    """Create the SQLite store (schema migrations) once, before parallel jobs race to do it."""
+    """Create the SQLite store (schema migrations) once, before parallel jobs race to do it,
+    and point a moved store's artifact locations at this folder (:func:`relocate_store`)."""
     import mlflow
 
     uri = default_uri(root)
     mlflow.set_tracking_uri(uri)
     _retry(mlflow.MlflowClient(uri).search_experiments, max_results=1)
+    local = Path(root or os.getcwd()).resolve() / "mlflow.db"
+    moved = relocate_store(root) if uri == f"sqlite:///{local}" else 0  # a server's store is left alone
+    if moved:
+        log.info("MLflow: %d artifact locations pointed at %s (the store was copied or moved)", moved,
+                 Path(root or os.getcwd()).resolve() / "mlartifacts")
     return uri
+
+
+# MLflow stores absolute artifact locations (a relative one is made absolute when the experiment
+# is created), so a project folder copied elsewhere (`cp -r`, a shared disk, an archive) would
+# point its runs at the old folder's mlartifacts/. Every location fedshift creates ends in
+# /mlartifacts/<experiment>...: relocation swaps the part before /mlartifacts/ for this folder.
+_LOCATION_COLUMNS = (("experiments", "artifact_location"), ("runs", "artifact_uri"),
+                     ("logged_models", "artifact_location"))
+
+
+def relocate_store(root: Path | None = None) -> int:
+    """Rewrite the store's ``file://.../mlartifacts/...`` locations that point outside
+    ``root`` (default: the working folder) to ``root/mlartifacts/...``; return how many changed.
+    Only the local SQLite store ``root/mlflow.db`` is touched."""
+    import sqlite3
+
+    root = Path(root or os.getcwd()).resolve()
+    db = root / "mlflow.db"
+    if not db.exists():
+        return 0
+    here = (root / "mlartifacts").as_uri()
+    changed = 0
+    con = sqlite3.connect(str(db), timeout=30)
+    try:
+        with con:
+            tables = {r[0] for r in con.execute("select name from sqlite_master where type='table'")}
+            for table, col in _LOCATION_COLUMNS:
+                if table not in tables:
+                    continue
+                rows = con.execute(f"select rowid, {col} from {table} where {col} like 'file://%/mlartifacts/%'")
+                for rowid, loc in rows.fetchall():
+                    new = here + loc[loc.rfind("/mlartifacts/") + len("/mlartifacts"):]
+                    if new != loc:
+                        con.execute(f"update {table} set {col} = ? where rowid = ?", (new, rowid))
+                        changed += 1
+    finally:
+        con.close()
+    return changed
 
 
 def _experiment_id(client, name: str, root: Path) -> str:
