@@ -221,3 +221,33 @@ def test_a_copied_store_finds_its_artifacts_after_the_old_folder_is_gone(tmp_pat
     assert open(got).read() == "the run's artifact"
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
     assert init_store(new) and client.get_run(run.info.run_id).info.artifact_uri == run.info.artifact_uri  # idempotent
+
+
+def test_federated_experiments_carry_the_headline_view_mlflow_opens_by_url(store, capsys, monkeypatch):
+    """The view (AVG inter first) is an experiment tag MLflow 3's UI reads through
+    ?viewStateShareKey=<key>; pretrain and report experiments carry none; `fedshift ui-url`
+    prints the URL with the experiment's id."""
+    import json
+
+    from fedshift.cli import main
+    from fedshift.tracking import SHARED_VIEW_KEY, SHARED_VIEW_TAG, job_run, report_run
+
+    root, client = store
+    with job_run(_cfg(), "federate", root=root):
+        pass
+    with job_run({"kind": "pretrain", "run_name": "pretrain/x", "scenario": "rotmnist", "arch": "lenet",
+                  "participant": "m0", "seed": 0, "wildcards": {}}, "pretrain", root=root):
+        pass
+    with report_run("main", root=root):
+        pass
+    exp = client.get_experiment_by_name("rotmnist")
+    state = json.loads(exp.tags[SHARED_VIEW_TAG + SHARED_VIEW_KEY])
+    assert state["selectedColumns"][:2] == ["metrics.`table/AVG_inter`", "metrics.`table/AVG_intra`"]
+    assert state["searchFilter"] == "tags.`fedshift.kind` = 'federate'"
+    for other in ("rotmnist-pretrain", "report"):
+        assert SHARED_VIEW_TAG + SHARED_VIEW_KEY not in client.get_experiment_by_name(other).tags
+    monkeypatch.chdir(root)
+    assert main(["ui-url"]) in (0, None)
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out == [f"rotmnist\thttp://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs?"
+                   f"viewStateShareKey={SHARED_VIEW_KEY}"]

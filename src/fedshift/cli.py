@@ -10,6 +10,7 @@
     fedshift report RUNS_CSV OUT      (Snakemake rule report)
     fedshift validate                 (check params/*.yaml without running anything)
     fedshift relocate-store [ROOT]    (a copied mlflow.db reads its artifacts from ROOT/mlartifacts)
+    fedshift ui-url                   (the MLflow URL of each experiment's headline view)
     fedshift evaluate RUN_DIR         (re-score a federated run's published models.pt)
 
 Bad input ends with one line ``fedshift: error: <what and what is valid>`` and exit
@@ -260,6 +261,16 @@ def cmd_validate(args) -> None:
     print(f"ok: {len(needed)} pretrain and {len(plan.federate)} federate jobs")
 
 
+def cmd_ui_url(args) -> None:
+    from .tracking import headline_view_urls
+
+    urls = headline_view_urls(base=args.base.rstrip("/"))
+    if not urls:
+        raise ConfigError("the MLflow store holds no federated experiment yet: run the workflow first")
+    for name, url in sorted(urls.items()):
+        print(f"{name}\t{url}")
+
+
 def cmd_relocate_store(args) -> None:
     from .tracking import relocate_store
 
@@ -353,6 +364,11 @@ def main(argv: List[str] | None = None) -> int:
                         "(an overlay such as fedh2l_table2_quick.yaml after the file it adds to)")
     p.add_argument("--data-params", default="params/data.yaml")
     p.set_defaults(fn=cmd_validate)
+
+    p = sub.add_parser("ui-url", help="print, per federated experiment, the MLflow URL that opens on the "
+                                      "headline view (AVG inter/intra first; start `mlflow ui` first)")
+    p.add_argument("--base", default="http://127.0.0.1:5000", help="where `mlflow ui` serves (default: %(default)s)")
+    p.set_defaults(fn=cmd_ui_url)
 
     p = sub.add_parser("relocate-store", help="point a copied or moved mlflow.db at this folder's mlartifacts/ "
                                               "(every workflow start does it too)")

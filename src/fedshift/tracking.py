@@ -104,6 +104,9 @@ class NullTracker:
         pass
 
 
+REPORT_EXPERIMENT = "report"  # the experiment of the report runs (report_run)
+
+
 def default_uri(root: Path | None = None) -> str:
     uri = os.environ.get("MLFLOW_TRACKING_URI")
     if uri:
@@ -182,12 +185,77 @@ def _experiment_id(client, name: str, root: Path) -> str:
     if exp is not None:
         return exp.experiment_id
     try:
-        return client.create_experiment(name, artifact_location=(root / "mlartifacts" / name).as_uri())
+        eid = client.create_experiment(name, artifact_location=(root / "mlartifacts" / name).as_uri())
     except Exception:  # created meanwhile by a parallel job
         exp = client.get_experiment_by_name(name)
         if exp is None:
             raise
         return exp.experiment_id
+    if not (name == REPORT_EXPERIMENT or name.endswith("-pretrain")):
+        set_headline_view(client, eid)
+    return eid
+
+
+# ---------------------------------------------------------------------------------------
+# The view MLflow opens on. MLflow 3 keeps an experiment page's columns, order and charts in
+# the browser (localStorage); a "shared view" is the same state stored server-side as the
+# experiment tag `mlflow.sharedViewState.<key>` and opened by `?viewStateShareKey=<key>` in the
+# URL. fedshift writes one per federated experiment: federated runs by name, the report
+# table's AVG inter / intra as the first columns, a first chart section with the headline.
+
+SHARED_VIEW_TAG = "mlflow.sharedViewState."
+SHARED_VIEW_KEY = "fedshift-headline"
+
+
+def headline_view_state(metric: str = "table/AVG_inter",
+                        kind_filter: str = "tags.`fedshift.kind` = 'federate'") -> Dict[str, Any]:
+    """The experiment page's view state (keys as MLflow 3.x writes them; unknown keys are
+    ignored and missing ones defaulted by the UI)."""
+    section = "fedshift-headline"
+    line = {"lineSmoothness": 0, "xAxisScaleType": "linear", "scaleType": "linear", "range": {},
+            "xAxisKey": "step", "selectedXAxisMetricKey": "", "yAxisKey": "metric", "yAxisExpressions": [],
+            "ignoreOutliers": False, "useGlobalXaxisKey": True, "useGlobalLineSmoothing": True}
+    chart = {"metricSectionId": section, "deleted": False, "isGenerated": False, "runsCountToCompare": 50}
+    return {
+        "searchFilter": kind_filter, "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True,
+        "startTime": "ALL", "lifecycleFilter": "Active",
+        "selectedColumns": [f"metrics.`{metric}`", "metrics.`table/AVG_intra`", "metrics.`time/total_s`",
+                            "params.`method`", "params.`structure`"],
+        "compareRunCharts": [
+            {**chart, "uuid": "fedshift-headline-bar", "type": "BAR", "metricKey": metric, "displayName": metric},
+            {**chart, **line, "uuid": "fedshift-acc-line", "type": "LINE", "metricKey": "avg/inter/top1",
+             "displayName": "avg/inter/top1"},
+            {**chart, "uuid": "fedshift-time-bar", "type": "BAR", "metricKey": "time/total_s",
+             "displayName": "time/total_s"},
+        ],
+        "compareRunSections": [{"uuid": section, "name": "fedshift: headline per method", "display": True,
+                                "isReordered": True, "deleted": False, "isGenerated": False}],
+        "isAccordionReordered": True, "runListHidden": False, "hideEmptyCharts": True, "chartsSearchFilter": "",
+        "viewMaximized": False,
+    }
+
+
+def set_headline_view(client, experiment_id: str) -> None:
+    import json
+
+    _retry(client.set_experiment_tag, experiment_id, SHARED_VIEW_TAG + SHARED_VIEW_KEY,
+           json.dumps(headline_view_state(), separators=(",", ":")))
+
+
+def headline_view_urls(root: Path | None = None, base: str = "http://127.0.0.1:5000") -> Dict[str, str]:
+    """Experiment name -> the URL of its headline view, for every federated experiment of the
+    store (the view tag is written where an older store lacks it)."""
+    import mlflow
+
+    client = mlflow.MlflowClient(default_uri(root))
+    out = {}
+    for exp in _retry(client.search_experiments):
+        if exp.name in (REPORT_EXPERIMENT, "Default") or exp.name.endswith("-pretrain"):
+            continue
+        if SHARED_VIEW_TAG + SHARED_VIEW_KEY not in exp.tags:
+            set_headline_view(client, exp.experiment_id)
+        out[exp.name] = f"{base}/#/experiments/{exp.experiment_id}/runs?viewStateShareKey={SHARED_VIEW_KEY}"
+    return out
 
 
 class MlflowTracker:
@@ -387,9 +455,6 @@ def job_run(cfg: Mapping[str, Any], kind: str, root: Path | None = None, resume_
     if replaced:
         tags["fedshift.replaces"] = ",".join(replaced)
     return mlflow_run(experiment, run_display_name(cfg), tags, root=root, resume_run_id=resume_run_id)
-
-
-REPORT_EXPERIMENT = "report"
 
 
 def report_run(grid: Optional[str], root: Path | None = None):
