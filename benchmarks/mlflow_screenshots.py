@@ -234,32 +234,12 @@ def wait_rendered(browser: Browser, view: str, needles: list[str], timeout: floa
 
 
 def ui_state(kind_filter: str, metric: str) -> dict:
-    """The experiment page's persisted view state (MLflow 3 keeps it in the browser's
-    localStorage, not in the URL): federated runs sorted by name, the headline metric as a column, and a first chart section holding a bar
-    chart of ``metric``, accuracy per round and total time. Keys as MLflow 3.x writes them;
-    unknown keys are ignored and missing ones defaulted by the UI."""
-    section = "fedshift-headline"
-    line = {"lineSmoothness": 0, "xAxisScaleType": "linear", "scaleType": "linear", "range": {},
-            "xAxisKey": "step", "selectedXAxisMetricKey": "", "yAxisKey": "metric", "yAxisExpressions": [],
-            "ignoreOutliers": False, "useGlobalXaxisKey": True, "useGlobalLineSmoothing": True}
-    chart = {"metricSectionId": section, "deleted": False, "isGenerated": False, "runsCountToCompare": 50}
-    return {
-        "searchFilter": kind_filter, "orderByKey": "tags.`mlflow.runName`", "orderByAsc": True,
-        "startTime": "ALL", "lifecycleFilter": "Active",
-        "selectedColumns": [f"metrics.`{metric}`", "metrics.`table/AVG_intra`", "metrics.`time/total_s`",
-                            "params.`method`", "params.`structure`"],
-        "compareRunCharts": [
-            {**chart, "uuid": "fedshift-headline-bar", "type": "BAR", "metricKey": metric, "displayName": metric},
-            {**chart, **line, "uuid": "fedshift-acc-line", "type": "LINE", "metricKey": "avg/inter/top1",
-             "displayName": "avg/inter/top1"},
-            {**chart, "uuid": "fedshift-time-bar", "type": "BAR", "metricKey": "time/total_s",
-             "displayName": "time/total_s"},
-        ],
-        "compareRunSections": [{"uuid": section, "name": "fedshift: headline per method", "display": True,
-                                "isReordered": True, "deleted": False, "isGenerated": False}],
-        "isAccordionReordered": True, "runListHidden": False, "hideEmptyCharts": True, "chartsSearchFilter": "",
-        "viewMaximized": False,
-    }
+    """The experiment page's view state: the same one every federated experiment carries as its
+    shared view (fedshift.tracking.headline_view_state), written here into the throw-away
+    profile's localStorage so the default (non-shared) page shows it too."""
+    from fedshift.tracking import headline_view_state
+
+    return headline_view_state(metric, kind_filter)
 
 
 def seed_ui(browser: Browser, base: str, eid: str, state: dict) -> None:
