@@ -246,11 +246,6 @@ def report(results: Dict[str, List[Dict]], args) -> None:
         print(f"| {name} | {cells} |")
 
 
-def _git_head(path: Path) -> str:
-    res = subprocess.run(["git", "-C", str(path), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
-    return res.stdout.strip() or "unknown commit"
-
-
 def main(argv: List[str] | None = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -291,7 +286,9 @@ def main(argv: List[str] | None = None) -> None:
           f"{args.threads} threads, load {os.getloadavg()[0]:.1f} at start; median of {args.repeats} run(s) "
           f"per configuration, alternating\n", flush=True)
     if args.authors is not None:
-        print(f"authors' code: {args.authors} (git {_git_head(args.authors)}), run unmodified in this sitting\n")
+        from fedshift.tracking import git_commit  # '-dirty' would show that their checkout was modified
+
+        print(f"authors' code: {args.authors} (git {git_commit(args.authors)}), run unmodified in this sitting\n")
     results: Dict[str, List[Dict]] = {n: [] for n in args.configs}
     for _ in range(args.repeats):
         for name in args.configs:

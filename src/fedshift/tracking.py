@@ -134,11 +134,11 @@ def init_store(root: Path | None = None) -> str:
     uri = default_uri(root)
     mlflow.set_tracking_uri(uri)
     _retry(mlflow.MlflowClient(uri).search_experiments, max_results=1)
-    local = Path(root or os.getcwd()).resolve() / "mlflow.db"
-    moved = relocate_store(root) if uri == f"sqlite:///{local}" else 0  # a server's store is left alone
+    here = Path(root or os.getcwd()).resolve()
+    moved = relocate_store(here) if uri == f"sqlite:///{here / 'mlflow.db'}" else 0  # a server's store is left alone
     if moved:
         log.info("MLflow: %d artifact locations pointed at %s (the store was copied or moved)", moved,
-                 Path(root or os.getcwd()).resolve() / "mlartifacts")
+                 here / "mlartifacts")
     return uri
 
 
@@ -191,7 +191,7 @@ def _experiment_id(client, name: str, root: Path) -> str:
         if exp is None:
             raise
         return exp.experiment_id
-    if not (name == REPORT_EXPERIMENT or name.endswith("-pretrain")):
+    if _federated_experiment(name):
         set_headline_view(client, eid)
     return eid
 
@@ -204,6 +204,12 @@ def _experiment_id(client, name: str, root: Path) -> str:
 # table's AVG inter / intra as the first columns, a first chart section with the headline.
 
 SHARED_VIEW_TAG = "mlflow.sharedViewState."
+
+
+def _federated_experiment(name: str) -> bool:
+    """Experiments of federated runs: not MLflow's Default, the reports' or ``<scenario>-pretrain``
+    (the names :func:`job_experiment` and :func:`report_run` give)."""
+    return name not in (REPORT_EXPERIMENT, "Default") and not name.endswith("-pretrain")
 SHARED_VIEW_KEY = "fedshift-headline"
 
 
@@ -250,7 +256,7 @@ def headline_view_urls(root: Path | None = None, base: str = "http://127.0.0.1:5
     client = mlflow.MlflowClient(default_uri(root))
     out = {}
     for exp in _retry(client.search_experiments):
-        if exp.name in (REPORT_EXPERIMENT, "Default") or exp.name.endswith("-pretrain"):
+        if not _federated_experiment(exp.name):
             continue
         if SHARED_VIEW_TAG + SHARED_VIEW_KEY not in exp.tags:
             set_headline_view(client, exp.experiment_id)
@@ -446,15 +452,21 @@ def job_run(cfg: Mapping[str, Any], kind: str, root: Path | None = None, resume_
     store costs a warning, not the job."""
     tags = job_tags(cfg, kind)
     experiment = job_experiment(cfg, kind)
+    _replace_earlier(experiment, tags, root, keep=resume_run_id)
+    return mlflow_run(experiment, run_display_name(cfg), tags, root=root, resume_run_id=resume_run_id)
+
+
+def _replace_earlier(experiment: str, tags: Dict[str, str], root: Path | None, keep: Optional[str] = None) -> None:
+    """Delete the earlier runs carrying ``tags``' run key (time-limited: an unreachable store
+    costs a warning) and name them in ``tags["fedshift.replaces"]``."""
+    key = tags[RUN_KEY_TAG]
     try:
-        replaced = _Worker().call(lambda: replace_previous_runs(experiment, tags[RUN_KEY_TAG], root,
-                                                                keep=resume_run_id), call_timeout())
+        replaced = _Worker().call(lambda: replace_previous_runs(experiment, key, root, keep=keep), call_timeout())
     except Exception as exc:
-        log.warning("MLflow: could not replace earlier runs of %s (%s)", cfg["run_name"], type(exc).__name__)
+        log.warning("MLflow: could not replace earlier runs of %s (%s)", key, type(exc).__name__)
         replaced = []
     if replaced:
         tags["fedshift.replaces"] = ",".join(replaced)
-    return mlflow_run(experiment, run_display_name(cfg), tags, root=root, resume_run_id=resume_run_id)
 
 
 def report_run(grid: Optional[str], root: Path | None = None):
@@ -463,13 +475,7 @@ def report_run(grid: Optional[str], root: Path | None = None):
     the "report" experiment holds one live run per grid instead of a pile of ``report/report``."""
     key = f"report/{grid or 'main'}"
     tags = {RUN_KEY_TAG: key, "fedshift.kind": "report", "git.commit": git_commit()}
-    try:
-        replaced = _Worker().call(lambda: replace_previous_runs(REPORT_EXPERIMENT, key, root), call_timeout())
-    except Exception as exc:
-        log.warning("MLflow: could not replace earlier runs of %s (%s)", key, type(exc).__name__)
-        replaced = []
-    if replaced:
-        tags["fedshift.replaces"] = ",".join(replaced)
+    _replace_earlier(REPORT_EXPERIMENT, tags, root)
     return mlflow_run(REPORT_EXPERIMENT, key, tags, root=root)
 
 
