@@ -259,6 +259,19 @@ def cmd_validate(args) -> None:
     plan = load_experiments(exp, Path(exp.pop("data_params", None) or args.data_params))
     needed = plan.needed_pretrain()
     print(f"ok: {len(needed)} pretrain and {len(plan.federate)} federate jobs")
+    # What a cluster will be asked for (the workflow's mem_mb, fedshift.resources): the largest request per kind.
+    from .data import SCENARIOS
+    from .resources import job_estimate
+
+    gpus = int(exp.get("gpus_per_job", 0) or 0)
+    for kind, jobs in (("pretrain", {j: plan.pretrain[j] for j in needed}), ("federate", plan.federate)):
+        sized = []
+        for job, cfg in jobs.items():
+            spec = SCENARIOS.get(cfg["scenario"])
+            sized.append((job_estimate(cfg, spec.image_shape, spec.num_classes, gpus=gpus), cfg["run_name"]))
+        if sized:
+            est, name = max(sized, key=lambda t: t[0].total)
+            print(f"largest {kind} memory request: {est.request_mb()} MB ({name}: estimated peak {est.describe()})")
 
 
 def cmd_ui_url(args) -> None:

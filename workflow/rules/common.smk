@@ -119,12 +119,13 @@ onstart:
 #   per training job (`--gpus=1` through the SLURM plugin's `gpu` resource). Set it in
 #   the profile (`config: {gpus_per_job: 1}`) or on the command line
 #   (`--config gpus_per_job=1`). A run uses one device, so only 0 or 1 are valid.
-# * mem_mb: estimated from the job: measured peak RSS of the demo jobs on CPU (1 thread,
-#   rotmnist 28x28, MLflow off): pretrain 0.93 GB, federate (4 participants, demo_mixed)
-#   1.06 GB = ~900 MB of interpreter/torch + ~50 MB per participant at 28x28. The
-#   per-participant part scales with the image's pixels (224x224 images: 64x). Requested:
-#   1.5x the estimate, doubled on each retry (`retries` in the SLURM profile), so an
-#   out-of-memory kill resubmits with more.
+# * mem_mb: fedshift.resources' model of the job: interpreter + torch + MLflow (measured),
+#   the job's arrays (read off its data folders), each participant's weights times the copies
+#   the method and optimiser keep, and the activations of its largest training phase (counted
+#   per architecture at the scenario's image size on torch's meta device, times the batch),
+#   fitted to the peak RSS of real jobs (benchmarks/memory_model.py); requested at 1.3x the
+#   estimate (>= 1.25x the measured peaks), doubled on each retry (`retries` in the SLURM
+#   profile). On a GPU (gpus_per_job: 1) the host holds the CUDA runtime and the data only.
 # * runtime (minutes): from rounds x epochs x participants at the demo's measured cost on
 #   one CPU thread (~4 s per participant-epoch at 28x28, scaled by pixels), at least 15,
 #   doubled on each retry. On a GPU the real time is far below: override with
@@ -139,8 +140,6 @@ if GPUS_PER_JOB not in (0, 1):
                         "use 0 (CPU) or 1 (one GPU per job); pack several jobs per GPU as described in "
                         "workflow/profiles/README.md")
 THREADS_PER_JOB = int(config.get("threads_per_job", 2))
-BASE_MB = 900  # interpreter + torch + data loading code, measured (see above)
-PARTICIPANT_MB = 50  # per participant at 28x28 (model, optimiser, data, activations), measured
 EPOCH_MINUTES = 4 / 60  # one participant-epoch at 28x28 on one CPU thread, measured on the demo
 
 
@@ -151,10 +150,6 @@ def _pixel_scale(scenario):
     return max(1.0, c * h * w / (1 * 28 * 28) / 3)  # colour channels cost less than pixels
 
 
-def _round_up(mb, step=256):
-    return int(math.ceil(mb / step) * step)
-
-
 def federate_cfg(wc):
     return PLAN.federate_config(federate_key(wc))
 
@@ -163,10 +158,16 @@ def federate_threads(wc):
     return int(federate_cfg(wc)["engine"].get("threads") or THREADS_PER_JOB)
 
 
+def _memory(cfg, scenario):
+    from fedshift.data import SCENARIOS
+    from fedshift.resources import job_estimate
+
+    spec = SCENARIOS.get(scenario)
+    return job_estimate(cfg, spec.image_shape, spec.num_classes, gpus=GPUS_PER_JOB)
+
+
 def federate_mem_mb(wc, attempt):
-    cfg = federate_cfg(wc)
-    est = BASE_MB + PARTICIPANT_MB * len(cfg["archs"]) * _pixel_scale(wc.scenario)
-    return _round_up(1.5 * est * 2 ** (attempt - 1))
+    return _memory(federate_cfg(wc), wc.scenario).request_mb(attempt)
 
 
 def federate_runtime(wc, attempt):
@@ -188,7 +189,7 @@ def pretrain_threads(wc):
 
 
 def pretrain_mem_mb(wc, attempt):
-    return _round_up(1.5 * (BASE_MB + PARTICIPANT_MB * _pixel_scale(wc.scenario)) * 2 ** (attempt - 1))
+    return _memory(pretrain_cfg(wc), wc.scenario).request_mb(attempt)
 
 
 def pretrain_runtime(wc, attempt):
