@@ -11,7 +11,8 @@ its own layer from another unit and nothing above:
     3 tracking
     4 engine (round loop, evaluation, checkpoints, figure data), report (tables, figures)
     5 methods (stand on the engine)
-    6 runner (the composition: builds data, models and method from a config, drives the engine)
+    6 runner (the composition: builds data, models and method from a config, drives the engine),
+      resources (the memory a job needs, from its config: SLURM's mem_mb)
     7 experiments (the grid)
     8 cli, the package itself
 
@@ -35,7 +36,7 @@ LAYERS = {
     "fedshift.tracking": 3,
     "fedshift.engine": 4, "fedshift.report": 4,
     "fedshift.methods": 5,
-    "fedshift.runner": 6,
+    "fedshift.runner": 6, "fedshift.resources": 6,
     "fedshift.experiments": 7,
     "fedshift.cli": 8, "fedshift": 8,
 }
