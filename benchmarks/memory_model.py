@@ -154,6 +154,8 @@ def main(argv=None) -> int:
                      f"{r['peak_mb']:.0f} | {e.total:.0f} | {e.base:.0f} / {e.data:.0f} / {e.weights:.0f} / "
                      f"{e.activations:.0f} | {r['request_mb']} | {r['request_mb'] / r['peak_mb']:.2f}"
                      f"{'' if ok else ' (< 1.25)'} |")
+    lines += ["", f"Requests here are the job's alone; under SLURM the workflow adds {resources.WRAPPER_MB:.0f} MB "
+              "for the Snakemake process inside the allocation (resources.WRAPPER_MB; 0.6-0.8 GB measured in sacct's MaxRSS, tests/test_slurm.py)."]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -261,7 +261,7 @@ def cmd_validate(args) -> None:
     print(f"ok: {len(needed)} pretrain and {len(plan.federate)} federate jobs")
     # What a cluster will be asked for (the workflow's mem_mb, fedshift.resources): the largest request per kind.
     from .data import SCENARIOS
-    from .resources import job_estimate
+    from .resources import WRAPPER_MB, job_estimate
 
     gpus = int(exp.get("gpus_per_job", 0) or 0)
     for kind, jobs in (("pretrain", {j: plan.pretrain[j] for j in needed}), ("federate", plan.federate)):
@@ -271,7 +271,8 @@ def cmd_validate(args) -> None:
             sized.append((job_estimate(cfg, spec.image_shape, spec.num_classes, gpus=gpus), cfg["run_name"]))
         if sized:
             est, name = max(sized, key=lambda t: t[0].total)
-            print(f"largest {kind} memory request: {est.request_mb()} MB ({name}: estimated peak {est.describe()})")
+            print(f"largest {kind} SLURM memory request: {est.request_mb(extra_mb=WRAPPER_MB)} MB ({name}: "
+                  f"estimated peak {est.describe()}, + {WRAPPER_MB:.0f} MB for Snakemake in the allocation)")
 
 
 def cmd_ui_url(args) -> None:

@@ -51,6 +51,11 @@ KEEP_FACTOR = 0.5  # resident per participant after its phases, x its activation
 HEADROOM = 1.3  # requested = estimate x HEADROOM: >= 1.25x the measured peak (issue 22)
 CUDA_BASE_MB = 4096.0  # host RSS of a CUDA job before its data: CUDA runtime + cuDNN/cuBLAS (not measured here)
 RETRY_FACTOR = 2  # each SLURM retry (profile `retries`) asks for twice the previous memory
+# Under SLURM the job's MaxRSS also counts the Snakemake process that runs it inside the allocation
+# (the executor plugin's job step, which parses the workflow and so imports fedshift and torch):
+# LeNet jobs read 1,640-1,770 MB in sacct against 996-1,007 MB alone (tests/test_slurm.py,
+# benchmarks/results/memory_model.md); the workflow adds this, with a margin, to every request.
+WRAPPER_MB = 900.0
 
 # Copies of each participant's weights a method keeps beyond the model itself (teachers,
 # previous or global models, EMA/intra copies), read off the methods' code. Unlisted: 1.
@@ -84,8 +89,10 @@ class MemoryEstimate:
     def total(self) -> float:
         return self.base + self.data + self.weights + self.activations
 
-    def request_mb(self, attempt: int = 1, step: int = 256) -> int:
-        mb = HEADROOM * self.total * RETRY_FACTOR ** (max(1, int(attempt)) - 1)
+    def request_mb(self, attempt: int = 1, step: int = 256, extra_mb: float = 0.0) -> int:
+        """HEADROOM x (the estimate + ``extra_mb``: e.g. WRAPPER_MB under SLURM), doubled per retry,
+        rounded up to ``step`` MB."""
+        mb = HEADROOM * (self.total + extra_mb) * RETRY_FACTOR ** (max(1, int(attempt)) - 1)
         return int(math.ceil(mb / step) * step)
 
     def describe(self) -> str:

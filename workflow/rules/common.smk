@@ -124,7 +124,8 @@ onstart:
 #   the method and optimiser keep, and the activations of its largest training phase (counted
 #   per architecture at the scenario's image size on torch's meta device, times the batch),
 #   fitted to the peak RSS of real jobs (benchmarks/memory_model.py); requested at 1.3x the
-#   estimate (>= 1.25x the measured peaks), doubled on each retry (`retries` in the SLURM
+#   estimate + the Snakemake process inside the allocation (WRAPPER_MB: 900 MB; 0.6-0.8 GB measured in sacct's MaxRSS),
+#   >= 1.25x the measured peaks, doubled on each retry (`retries` in the SLURM
 #   profile). On a GPU (gpus_per_job: 1) the host holds the CUDA runtime and the data only.
 # * runtime (minutes): from rounds x epochs x participants at the demo's measured cost on
 #   one CPU thread (~4 s per participant-epoch at 28x28, scaled by pixels), at least 15,
@@ -167,7 +168,9 @@ def _memory(cfg, scenario):
 
 
 def federate_mem_mb(wc, attempt):
-    return _memory(federate_cfg(wc), wc.scenario).request_mb(attempt)
+    from fedshift.resources import WRAPPER_MB
+
+    return _memory(federate_cfg(wc), wc.scenario).request_mb(attempt, extra_mb=WRAPPER_MB)
 
 
 def federate_runtime(wc, attempt):
@@ -189,7 +192,9 @@ def pretrain_threads(wc):
 
 
 def pretrain_mem_mb(wc, attempt):
-    return _memory(pretrain_cfg(wc), wc.scenario).request_mb(attempt)
+    from fedshift.resources import WRAPPER_MB
+
+    return _memory(pretrain_cfg(wc), wc.scenario).request_mb(attempt, extra_mb=WRAPPER_MB)
 
 
 def pretrain_runtime(wc, attempt):
