@@ -91,3 +91,23 @@ def test_snakemake_refuses_an_overlay_alone_in_one_line():
     assert res.returncode != 0
     assert ("fedshift: error: params/papers/fedh2l_table2_quick.yaml only adds to params/papers/fedh2l_table2.yaml"
             in res.stdout + res.stderr)
+
+
+def test_table2_jobs_ask_slurm_for_hours_not_days():
+    """A FedH2L round is one minibatch step per node: its 10,000 rounds are ~20 min on one thread
+    (the runtime once counted them as epochs: 10,667 min per job); memory from fedshift.resources."""
+    import re
+
+    snakemake = Path(sys.executable).with_name("snakemake")
+    res = subprocess.run([str(snakemake), "-n", "--configfile", "params/papers/fedh2l_table2.yaml"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr[-2000:]
+    jobs = re.findall(r"wildcards: scenario=(\S+), public=\S+, method=(\w+),.*?\n\s+resources: ([^\n]+)",
+                      res.stdout + res.stderr)
+    assert {"fedh2l", "agg", "ind", "fedmd"} <= {m for _, m, _ in jobs}, jobs
+    for scenario, method, resources in jobs:
+        runtime = int(re.search(r"runtime=(\d+)", resources).group(1))
+        mem = int(re.search(r"mem_mb=(\d+)", resources).group(1))
+        if method in ("fedh2l", "agg", "ind", "fedh2l_async"):
+            assert 15 <= runtime <= 120, (method, resources)
+        assert 1500 <= mem <= 4096, (method, resources)  # four LeNets: ~1 GB + Snakemake's process, x 1.3

@@ -128,7 +128,8 @@ onstart:
 #   >= 1.25x the measured peaks, doubled on each retry (`retries` in the SLURM
 #   profile). On a GPU (gpus_per_job: 1) the host holds the CUDA runtime and the data only.
 # * runtime (minutes): from rounds x epochs x participants at the demo's measured cost on
-#   one CPU thread (~4 s per participant-epoch at 28x28, scaled by pixels), at least 15,
+#   one CPU thread (~4 s per participant-epoch at 28x28, scaled by pixels; the stepwise
+#   methods FedH2L/AGG/IND: ~0.12 s per round of four LeNets, one step each), at least 15,
 #   doubled on each retry. On a GPU the real time is far below: override with
 #   `--set-resources federate:runtime=60` when a cluster's queues favour short requests.
 # Override any of them without editing rules: `--set-resources federate:mem_mb=64000`.
@@ -142,6 +143,11 @@ if GPUS_PER_JOB not in (0, 1):
                         "workflow/profiles/README.md")
 THREADS_PER_JOB = int(config.get("threads_per_job", 2))
 EPOCH_MINUTES = 4 / 60  # one participant-epoch at 28x28 on one CPU thread, measured on the demo
+# One round of the stepwise methods (four LeNets at 28x28, one step each + FedH2L's mutual step) on one
+# CPU thread, evaluation included: a FedH2L Table II run of 10,000 rounds takes 635 CPU-s, 17-20 min of
+# wall time on a loaded machine (docs/fedh2l.md); AGG/IND 192-203 CPU-s. Counting its rounds as epochs
+# asked SLURM for 7.4 days per FedH2L job.
+STEP_MINUTES = 0.12 / 60
 
 
 def _pixel_scale(scenario):
@@ -173,11 +179,22 @@ def federate_mem_mb(wc, attempt):
     return _memory(federate_cfg(wc), wc.scenario).request_mb(attempt, extra_mb=WRAPPER_MB)
 
 
+def _stepwise(method):
+    from fedshift.methods import METHODS
+    from fedshift.methods.stepwise import StepwiseMethod
+
+    cls = METHODS.get(method, key="method")
+    return isinstance(cls, type) and issubclass(cls, StepwiseMethod)
+
+
 def federate_runtime(wc, attempt):
     cfg = federate_cfg(wc)
     e = cfg["engine"]
-    epochs = e["rounds"] * (e["local_epochs"] + e.get("public_epochs", 1))
-    est = epochs * len(cfg["archs"]) * EPOCH_MINUTES * _pixel_scale(wc.scenario) / federate_threads(wc) ** 0.5
+    scale = len(cfg["archs"]) * _pixel_scale(wc.scenario) / federate_threads(wc) ** 0.5
+    if _stepwise(cfg["base_method"]):  # FedH2L / AGG / IND: a round is one minibatch step per node
+        est = e["rounds"] * STEP_MINUTES / 4 * scale
+    else:
+        est = e["rounds"] * (e["local_epochs"] + e.get("public_epochs", 1)) * EPOCH_MINUTES * scale
     return int(max(15, math.ceil(2 * est)) * 2 ** (attempt - 1))
 
 
