@@ -4,7 +4,7 @@ Builds a small data folder with the real stages (rotmnist 1x28x28 and the Digits
 digits_offline 3x32x32, public set photo_patches), plans jobs with the real planner
 (fedshift.experiments.load_experiments: the configs Snakemake would run), runs each job as
 ``fedshift federate|pretrain`` in its own process with MLflow tracking on (a scratch SQLite
-store, as a workflow job) and reads that process's peak RSS from ``wait4``. Beside it: the
+store, as a workflow job) and reads that process's peak RSS (VmHWM, polled while it runs). Beside it: the
 model's estimate and the request (fedshift.resources), and whether the request holds the
 peak with >= 25 % headroom.
 
@@ -93,6 +93,22 @@ def plan_job(name: str, root: Path, threads: int) -> dict:
     return next(iter(plan.federate.values()))
 
 
+def _vm_hwm_kb(pid: int) -> int:
+    """VmHWM of a live process (kB): the peak RSS of its own address space since its exec.
+
+    Not ``wait4``'s ru_maxrss: Linux carries a parent's high-water mark into a child across
+    fork + exec, so a job started from a large process (pytest after a thousand tests: 1.6 GB)
+    would read the parent's peak, not its own."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def measure(cfg: dict, workdir: Path, threads: int) -> dict:
     """Run the job in its own process (tracking on) and return its peak RSS (MB) and wall time."""
     from fedshift.data import SCENARIOS
@@ -105,15 +121,18 @@ def measure(cfg: dict, workdir: Path, threads: int) -> dict:
     cmd = [sys.executable, "-m", "fedshift.cli", cfg["kind"], "--threads", str(threads),
            str(workdir / "config.yaml"), str(workdir / "out")]
     t0 = time.time()
-    proc = subprocess.Popen(cmd, env=env, cwd=workdir, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    err = proc.stderr.read()
-    _, status, ru = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
+    with open(workdir / "stderr.txt", "wb") as err:
+        proc = subprocess.Popen(cmd, env=env, cwd=workdir, stdout=subprocess.DEVNULL, stderr=err)
+        peak_kb = 0
+        while proc.poll() is None:  # the job's own high-water mark, read while it lives
+            peak_kb = max(peak_kb, _vm_hwm_kb(proc.pid))
+            time.sleep(0.05)
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err.decode()[-2000:]}")
+        raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
+                           f"{(workdir / 'stderr.txt').read_text()[-2000:]}")
     spec = SCENARIOS.get(cfg["scenario"])
     est = resources.job_estimate(cfg, spec.image_shape, spec.num_classes, root=Path("/"))
-    return {"peak_mb": ru.ru_maxrss / 1024, "wall_s": time.time() - t0, "estimate": est,
+    return {"peak_mb": peak_kb / 1024, "wall_s": time.time() - t0, "estimate": est,
             "request_mb": est.request_mb()}
 
 

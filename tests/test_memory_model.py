@@ -86,6 +86,6 @@ def test_requests_hold_real_peaks_with_headroom(tiny_data, tmp_path):
         r = memory_model.measure(cfg, tmp_path / name, threads=1)
         lines.append(f"{name}: peak {r['peak_mb']:.0f} MB, request {r['request_mb']} MB "
                      f"({r['request_mb'] / r['peak_mb']:.2f}x; {r['estimate'].describe()})")
-        assert r["peak_mb"] > 300, lines[-1]  # wait4 read the job's own peak, not nothing
+        assert r["peak_mb"] > 300, lines[-1]  # VmHWM was read: the job's own peak, not nothing
         assert 1.25 * r["peak_mb"] <= r["request_mb"] <= 2.5 * r["peak_mb"], "\n".join(lines)
     print("\n".join(lines))

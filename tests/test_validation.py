@@ -108,7 +108,11 @@ def test_validate_counts_the_jobs_snakemake_runs(tmp_path, monkeypatch, capsys):
     pairs = {(p, a) for c in plan.federate.values() if c["paths"]["pretrained"]
              for p, a in zip(c["participants"], c["archs"])}
     assert len(pairs) == 4 and {a for _, a in pairs} == set(STRUCTURES.get("demo_mixed").assign(4))
-    assert capsys.readouterr().out.strip() == "ok: 4 pretrain and 3 federate jobs"
+    out = capsys.readouterr().out.strip().splitlines()
+    assert out[0] == "ok: 4 pretrain and 3 federate jobs"
+    # then what SLURM will be asked for: the largest request of each kind, with its job
+    assert [line.split(" SLURM memory request: ")[0] for line in out[1:]] == ["largest pretrain", "largest federate"]
+    assert " MB (pretrain/" in out[1] and " MB (federate/" in out[2]
 
 
 def test_fntd_less_fccl_plus_variant_loads_base_checkpoints_as_theta_star():
