@@ -36,7 +36,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
 
 from fedshift import resources  # noqa: E402
-from fedshift.experiments import load_experiments, write_configs  # noqa: E402
+from fedshift.experiments import load_experiments  # noqa: E402
 
 DATA = {
     "datasets": ["mnist5k", "photo_patches", "uci_digits"],
@@ -111,8 +111,6 @@ def _vm_hwm_kb(pid: int) -> int:
 
 def measure(cfg: dict, workdir: Path, threads: int) -> dict:
     """Run the job in its own process (tracking on) and return its peak RSS (MB) and wall time."""
-    from fedshift.data import SCENARIOS
-
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "config.yaml").write_text(yaml.safe_dump(cfg))
     env = dict(os.environ, MLFLOW_DISABLE_TELEMETRY="true", FEDSHIFT_TRACKING="mlflow",
@@ -130,8 +128,7 @@ def measure(cfg: dict, workdir: Path, threads: int) -> dict:
     if proc.returncode != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed ({proc.returncode}):\n"
                            f"{(workdir / 'stderr.txt').read_text()[-2000:]}")
-    spec = SCENARIOS.get(cfg["scenario"])
-    est = resources.job_estimate(cfg, spec.image_shape, spec.num_classes, root=Path("/"))
+    est = resources.job_estimate(cfg, root=Path("/"))
     return {"peak_mb": peak_kb / 1024, "wall_s": time.time() - t0, "estimate": est,
             "request_mb": est.request_mb()}
 

@@ -260,19 +260,15 @@ def cmd_validate(args) -> None:
     needed = plan.needed_pretrain()
     print(f"ok: {len(needed)} pretrain and {len(plan.federate)} federate jobs")
     # What a cluster will be asked for (the workflow's mem_mb, fedshift.resources): the largest request per kind.
-    from .data import SCENARIOS
-    from .resources import WRAPPER_MB, job_estimate
+    from .resources import WRAPPER_MB, job_estimate, slurm_mem_mb
 
     gpus = int(exp.get("gpus_per_job", 0) or 0)
-    for kind, jobs in (("pretrain", {j: plan.pretrain[j] for j in needed}), ("federate", plan.federate)):
-        sized = []
-        for job, cfg in jobs.items():
-            spec = SCENARIOS.get(cfg["scenario"])
-            sized.append((job_estimate(cfg, spec.image_shape, spec.num_classes, gpus=gpus), cfg["run_name"]))
-        if sized:
-            est, name = max(sized, key=lambda t: t[0].total)
-            print(f"largest {kind} SLURM memory request: {est.request_mb(extra_mb=WRAPPER_MB)} MB ({name}: "
-                  f"estimated peak {est.describe()}, + {WRAPPER_MB:.0f} MB for Snakemake in the allocation)")
+    for kind, jobs in (("pretrain", needed), ("federate", plan.federate)):
+        if jobs:
+            cfg = max(jobs.values(), key=lambda c: job_estimate(c, gpus=gpus).total)
+            print(f"largest {kind} SLURM memory request: {slurm_mem_mb(cfg, gpus=gpus)} MB ({cfg['run_name']}: "
+                  f"estimated peak {job_estimate(cfg, gpus=gpus).describe()}, + {WRAPPER_MB:.0f} MB for Snakemake "
+                  "in the allocation)")
 
 
 def cmd_ui_url(args) -> None:

@@ -166,16 +166,18 @@ def optimiser_slots(cfg: Mapping) -> int:
     return OPTIMISER_SLOTS.get(name, 2)
 
 
+@lru_cache(maxsize=None)
+def _arrays_mb(folder: Path) -> float:
+    """MB of the arrays below ``folder`` (0 when it does not exist yet). Cached: Snakemake sizes
+    every job of a grid, and the jobs of one scenario share its partition and public folders."""
+    if not folder.is_dir():
+        return 0.0
+    return sum(f.stat().st_size for f in folder.rglob("*.npy")) / 2**20
+
+
 def folder_mb(paths: Iterable[Optional[Path]]) -> float:
     """MB of the arrays below ``paths`` (existing folders only): the job's data as it sits in memory."""
-    total = 0
-    for p in paths:
-        if p is None:
-            continue
-        p = Path(p)
-        if p.is_dir():
-            total += sum(f.stat().st_size for f in p.rglob("*.npy"))
-    return total / 2**20
+    return sum(_arrays_mb(Path(p).resolve()) for p in paths if p is not None)
 
 
 def estimate(archs: Sequence[str], image_shape: Tuple[int, int, int], *, method: str, local_batch: int,
@@ -183,7 +185,7 @@ def estimate(archs: Sequence[str], image_shape: Tuple[int, int, int], *, method:
              data_mb: float = 0.0, num_classes: int = 10, device: str = "cpu", norm: str = "default",
              recompute: bool = True) -> MemoryEstimate:
     """The model above for one job: ``archs`` one per participant (a pretraining job: one)."""
-    if device.startswith("cuda") or device == "gpu":
+    if device.startswith("cuda"):
         return MemoryEstimate(CUDA_BASE_MB, 2 * data_mb, 0.0, 0.0)
     prof = [arch_profile(a, tuple(image_shape), num_classes, norm, recompute) for a in archs]
     slots = 1 + 1 + optimiser + METHOD_COPIES.get(method, 1) + 1  # weights, grads, optimiser, copies, averaging/checkpoint
@@ -210,10 +212,14 @@ def _recompute(section: Mapping, device: str) -> bool:
     return recompute_on(section.get("recompute", "auto"), torch.device("cuda" if device.startswith("cuda") else "cpu"))
 
 
-def job_estimate(cfg: Mapping, image_shape: Tuple[int, int, int], num_classes: int = 10, gpus: int = 0,
-                 root: Path = Path(".")) -> MemoryEstimate:
+def job_estimate(cfg: Mapping, gpus: int = 0, root: Path = Path(".")) -> MemoryEstimate:
     """The estimate of one resolved job config (``kind: federate`` or ``pretrain``, as the
-    workflow plans them): its architectures, batches, method, optimiser, data folders, device."""
+    workflow plans them): its scenario's image shape and classes, architectures, batches, method,
+    optimiser, data folders, device."""
+    from .data import SCENARIOS
+
+    spec = SCENARIOS.get(cfg["scenario"])
+    image_shape, num_classes = tuple(spec.image_shape), spec.num_classes
     paths = cfg.get("paths", {}) or {}
     data_mb = folder_mb([root / paths["partition"] if paths.get("partition") else None,
                          root / paths["public"] if paths.get("public") else None])
@@ -241,3 +247,9 @@ def job_estimate(cfg: Mapping, image_shape: Tuple[int, int, int], num_classes: i
                     all_graphs=uses_public and eng.get("public_graphs") == "all" and method in ("fccl", "fccl_plus"),
                     optimiser=optimiser_slots(cfg), data_mb=data_mb, num_classes=num_classes,
                     device=dev, norm=str(eng.get("norm", "default")), recompute=_recompute(eng, dev))
+
+
+def slurm_mem_mb(cfg: Mapping, attempt: int = 1, gpus: int = 0) -> int:
+    """What the workflow asks SLURM for (``mem_mb``): the job's estimate plus the Snakemake
+    process inside the allocation (``WRAPPER_MB``), with ``HEADROOM``, doubled per retry."""
+    return job_estimate(cfg, gpus=gpus).request_mb(attempt, extra_mb=WRAPPER_MB)

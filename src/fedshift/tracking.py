@@ -204,13 +204,13 @@ def _experiment_id(client, name: str, root: Path) -> str:
 # table's AVG inter / intra as the first columns, a first chart section with the headline.
 
 SHARED_VIEW_TAG = "mlflow.sharedViewState."
+SHARED_VIEW_KEY = "fedshift-headline"
 
 
 def _federated_experiment(name: str) -> bool:
     """Experiments of federated runs: not MLflow's Default, the reports' or ``<scenario>-pretrain``
     (the names :func:`job_experiment` and :func:`report_run` give)."""
     return name not in (REPORT_EXPERIMENT, "Default") and not name.endswith("-pretrain")
-SHARED_VIEW_KEY = "fedshift-headline"
 
 
 def headline_view_state(metric: str = "table/AVG_inter",

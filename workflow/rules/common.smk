@@ -165,18 +165,10 @@ def federate_threads(wc):
     return int(federate_cfg(wc)["engine"].get("threads") or THREADS_PER_JOB)
 
 
-def _memory(cfg, scenario):
-    from fedshift.data import SCENARIOS
-    from fedshift.resources import job_estimate
-
-    spec = SCENARIOS.get(scenario)
-    return job_estimate(cfg, spec.image_shape, spec.num_classes, gpus=GPUS_PER_JOB)
-
-
 def federate_mem_mb(wc, attempt):
-    from fedshift.resources import WRAPPER_MB
+    from fedshift.resources import slurm_mem_mb
 
-    return _memory(federate_cfg(wc), wc.scenario).request_mb(attempt, extra_mb=WRAPPER_MB)
+    return slurm_mem_mb(federate_cfg(wc), attempt, gpus=GPUS_PER_JOB)
 
 
 def _stepwise(method):
@@ -209,9 +201,9 @@ def pretrain_threads(wc):
 
 
 def pretrain_mem_mb(wc, attempt):
-    from fedshift.resources import WRAPPER_MB
+    from fedshift.resources import slurm_mem_mb
 
-    return _memory(pretrain_cfg(wc), wc.scenario).request_mb(attempt, extra_mb=WRAPPER_MB)
+    return slurm_mem_mb(pretrain_cfg(wc), attempt, gpus=GPUS_PER_JOB)
 
 
 def pretrain_runtime(wc, attempt):
