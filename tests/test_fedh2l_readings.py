@@ -90,13 +90,18 @@ def test_global_weight_decay_switch(tiny_data):
     assert not torch.allclose(_params(a), _params(b))
 
 
-@pytest.mark.parametrize("method", ["fedh2l", "ind", "agg"])
-def test_fused_local_step_of_the_nodes_equals_sequential(tiny_data, method):
+@pytest.mark.parametrize("method,params", [
+    ("fedh2l", {}), ("ind", {}), ("agg", {}),
+    ("fedh2l", {"g_loc": "param_change", "local_data": "private+seed"}),
+    ("fedh2l", {"peers": "random_pairs", "projection": "pcgrad", "kl": False}),
+])
+def test_fused_steps_of_the_nodes_equal_sequential(tiny_data, method, params):
+    """Local step (all three) and FedH2L's teaching forwards + mutual step: one vmapped call each."""
     from fedshift.engine import fused
 
     def run(mode):
         fed = tiny_federation(tiny_data, LENET4, public_aug="none", norm="none", fused_clients=mode)
-        m = create_method(method, {"log_every": 2})
+        m = create_method(method, {"log_every": 2, **params})
         m.setup(fed)
         fused.decide_for_run(fed, m)
         logs = {}
@@ -108,6 +113,8 @@ def test_fused_local_step_of_the_nodes_equals_sequential(tiny_data, method):
     seq, ms, ls = run("off")
     fus, mf, lf = run("on")
     assert fus.fused_rounds == 4 and not hasattr(seq, "fused_rounds")
+    assert getattr(fus, "fused_mutual_rounds", 0) == (4 if method == "fedh2l" else 0)  # the fused mutual step ran
+    assert not hasattr(seq, "fused_mutual_rounds")
     assert ls.keys() == lf.keys() and ls
     for k in ls:
         assert lf[k] == pytest.approx(ls[k], rel=1e-4), k

@@ -45,7 +45,7 @@ from __future__ import annotations
 import itertools
 import math
 from dataclasses import dataclass
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -424,28 +424,54 @@ def fused_round(fed, clients, weights: Sequence[float], objective: Optional[Obje
     return out, average
 
 
+def stack_parameters(model: nn.Module, models: Sequence[nn.Module]) -> Dict[str, Tensor]:
+    """The trainable parameters of ``len(models)`` identical models, stacked on a new leading dimension."""
+    names = [n for n, p in model.named_parameters() if p.requires_grad]
+    return {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models]) for n in names}
+
+
+def stacked_forward(model: nn.Module, params: Mapping[str, Tensor], x: Tensor) -> Tensor:
+    """Each stacked model on its own input: ``x`` is ``(C, B, ...)``, the result ``(C, B, classes)``."""
+    buffers = dict(model.named_buffers())
+    return vmap(lambda p, xb: functional_call(model, (p, buffers), (xb,)), randomness="different")(dict(params), x)
+
+
+def stacked_grads_aux(model: nn.Module, params: Mapping[str, Tensor], inputs: Sequence[Tensor],
+                      objective: Callable) -> Tuple[Tensor, Tensor, Any]:
+    """One vmapped forward/backward of the stacked models: ``objective(call, p, *inputs_c)`` returns
+    ``(loss, aux)`` for one model; every tensor of ``inputs`` has the models on its first dimension.
+
+    Returns the flat gradients ``(C, P)`` (parameters in ``parameters()`` order, each in logical
+    element order, as ``methods.stepwise.bind_flat_grads``' buffer), the losses ``(C,)`` and the
+    stacked aux values.
+    """
+    check_fusable(model)
+    buffers = dict(model.named_buffers())
+
+    def call(p, x, *args):
+        return functional_call(model, (p, buffers), (x, *args))
+
+    grads, (loss, aux) = vmap(grad_and_value(lambda p, *xs: objective(call, p, *xs), has_aux=True),
+                              randomness="different")(dict(params), *inputs)
+    n = next(iter(params.values())).shape[0]
+    flat = torch.cat([grads[k].reshape(n, -1) for k in params], 1)
+    return flat, loss.detach(), aux
+
+
 def stacked_flat_grads(model: nn.Module, models: Sequence[nn.Module], batches: Sequence[Batch],
                        objective: Optional[Objective] = None) -> Tuple[Tensor, Tensor]:
     """One vmapped forward/backward of ``len(models)`` identical BN-free models, each on its own
-    equal-sized batch: returns the flat gradients ``(C, P)`` (parameters in ``parameters()`` order,
-    each in logical element order, as ``methods.stepwise.bind_flat_grads``' buffer) and the losses ``(C,)``.
+    equal-sized batch: returns the flat gradients ``(C, P)`` and the losses ``(C,)``
+    (:func:`stacked_grads_aux` with a per-batch :data:`Objective`).
 
     The stepwise nodes of FedH2L / IND / AGG use it for their local step; their own optimisers
     then step on the rows (so optimiser state and checkpoints are those of the sequential path).
     """
     check_fusable(model)
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    params = {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models]) for n in names}
-    buffers = dict(model.named_buffers())
     objective = objective or masked_cross_entropy
-
-    def call(p, x, *args):
-        return functional_call(model, (p, buffers), (x, *args))
-
     x = torch.stack([b[0] for b in batches])
     y = torch.stack([b[1] for b in batches])
     mask = torch.ones(y.shape, dtype=torch.bool, device=y.device)
-    grads, loss = vmap(grad_and_value(lambda p, xb, yb, mb: objective(call, p, xb, yb, mb)),
-                       randomness="different")(params, x, y, mask)
-    flat = torch.cat([grads[n].reshape(len(models), -1) for n in names], 1)
-    return flat, loss.detach()
+    flat, loss, _ = stacked_grads_aux(model, stack_parameters(model, models), (x, y, mask),
+                                      lambda call, p, xb, yb, mb: (objective(call, p, xb, yb, mb), ()))
+    return flat, loss

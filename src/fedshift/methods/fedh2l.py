@@ -69,6 +69,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.loading import normalize
+from ..engine.fused import stack_parameters, stacked_forward, stacked_grads_aux, use_fused
 from ..errors import ConfigError
 from ..losses import batch_accuracy, h2l_mutual_loss, project_gradient
 from .base import METHODS
@@ -160,28 +161,48 @@ class FedH2L(StepwiseMethod):
             return
         clients = fed.clients
         n, b = len(clients), self.pub_batch
+        # engine.fused_clients: the teaching forwards and the mutual steps of all nodes as one vmapped call
+        # each, on the nodes' parameters stacked once (nothing steps between the two).
+        stacked = stack_parameters(clients[0].model, [c.model for c in clients]) if use_fused(fed, clients) else None
         # Teaching signals: each node's posteriors and accuracy on a batch of its own domain's seed data.
         xs, ys, probs, accs = [], [], [], []
         with torch.no_grad():
-            for c, (xp, yp) in zip(clients, self.publics):
+            for xp, yp in self.publics:
                 idx = torch.randperm(len(yp), generator=self.gen)[:b].to(yp.device)
-                x, y = normalize(xp[idx]), yp[idx]
+                xs.append(normalize(xp[idx]))
+                ys.append(yp[idx])
+            for c in clients:
                 c.model.eval()
-                logits = c.model(x)
+            if stacked is not None:
+                all_logits = list(stacked_forward(clients[0].model, stacked, torch.stack(xs)))
+            else:
+                all_logits = [c.model(x) for c, x in zip(clients, xs)]
+            for c, logits, y in zip(clients, all_logits, ys):
                 c.model.train()
-                xs.append(x)
-                ys.append(y)
                 probs.append(F.softmax(logits, dim=-1))
                 accs.append(batch_accuracy(logits, y) if self.p.public_labels else logits.new_ones(()))
         peers = self.peers(n)
+        edges = sum(len(m) for m in peers)
+        if stacked is not None and peers[0] and len({len(m) for m in peers}) == 1:
+            kl_v, ce_v, conflict = self.fused_mutual_step(fed, stacked, peers, xs, ys, probs, accs)
+        else:  # sequential (or random pairs of an odd node count: a node without a partner this round)
+            kl_v, ce_v, conflict = self.mutual_steps(fed, peers, xs, ys, probs, accs)
+        self.accumulate("kl", kl_v)
+        self.accumulate("ce", ce_v)
+        self.accumulate("conflict", conflict)
+        self.global_rounds += 1
+        self.global_rounds_since += 1
+        self.comm_bytes += edges * (b * fed.num_classes * FLOAT_BYTES + FLOAT_BYTES + b * INDEX_BYTES)
+
+    def mutual_steps(self, fed, peers, xs, ys, probs, accs):
+        """Each node's mutual step in turn: Eq. 3 + 5 on its peers' batches, projected against g_loc."""
+        n, b = len(fed.clients), self.pub_batch
         kl_v, ce_v, conflict = (torch.zeros(n, device=fed.device) for _ in range(3))
-        edges = 0
-        for i, (c, node) in enumerate(zip(clients, self.nodes)):
+        for i, (c, node) in enumerate(zip(fed.clients, self.nodes)):
             if self.p.g_loc == "param_change":
                 node.gloc = node.start - flat_params(node.params)
             mine = peers[i]
             if mine:
-                edges += len(mine)
                 if self.p.mutual_forward == "concat":  # one pass: equal to per_peer without BatchNorm
                     logits = c.model(torch.cat([xs[j] for j in mine])).view(len(mine), b, -1)
                 else:  # Algorithm 1: each peer's batch through the student on its own (BatchNorm batch statistics)
@@ -198,12 +219,38 @@ class FedH2L(StepwiseMethod):
             node.gloc.zero_()
             if self.p.g_loc == "param_change":
                 node.start = flat_params(node.params)
-        self.accumulate("kl", kl_v)
-        self.accumulate("ce", ce_v)
-        self.accumulate("conflict", conflict)
-        self.global_rounds += 1
-        self.global_rounds_since += 1
-        self.comm_bytes += edges * (b * fed.num_classes * FLOAT_BYTES + FLOAT_BYTES + b * INDEX_BYTES)
+        return kl_v, ce_v, conflict
+
+    def fused_mutual_step(self, fed, stacked, peers, xs, ys, probs, accs):
+        """Every node's mutual step as one vmapped forward/backward (engine.fused_clients; every node has
+        the same number of peers). Each node's peer batches go through it in one pass, which equals
+        ``per_peer`` because fused models have no BatchNorm; the projection against each node's g_loc
+        and its global AMSGrad step then run per node on its row of the stacked flat gradients."""
+        fed.fused_mutual_rounds = getattr(fed, "fused_mutual_rounds", 0) + 1  # evidence that this path ran
+        n_peers, b = len(peers[0]), self.pub_batch
+        labelled, use_kl = self.p.public_labels, self.p.kl
+        inputs = (torch.stack([torch.cat([xs[j] for j in mine]) for mine in peers]),
+                  torch.stack([torch.stack([probs[j] for j in mine]) for mine in peers]),
+                  torch.stack([torch.stack([accs[j] for j in mine]) for mine in peers]),
+                  torch.stack([torch.stack([ys[j] for j in mine]) for mine in peers]))
+
+        def objective(call, p, x, teacher, acc, labels):
+            total, kl, ce = h2l_mutual_loss(call(p, x).view(n_peers, b, -1), teacher, acc,
+                                            labels if labelled else None, kl=use_kl)
+            return total, (kl, ce)
+
+        grads, _, (kl_v, ce_v) = stacked_grads_aux(fed.clients[0].model, stacked, inputs, objective)
+        if self.p.g_loc == "param_change":
+            for node in self.nodes:
+                node.gloc = node.start - flat_params(node.params)
+        conflict = ((grads * torch.stack([node.gloc for node in self.nodes])).sum(1) < 0).float()
+        for i, node in enumerate(self.nodes):
+            node.buf.copy_(project_gradient(grads[i], node.gloc, self.p.projection))
+            node.opt_global.step()
+            node.gloc.zero_()
+            if self.p.g_loc == "param_change":
+                node.start = flat_params(node.params)
+        return kl_v.detach(), ce_v.detach(), conflict
 
     def node_state(self, node: _Node) -> Dict[str, Any]:
         return {**super().node_state(node), "gloc": node.gloc.clone(), "start": node.start.clone()}
