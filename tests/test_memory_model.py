@@ -39,24 +39,48 @@ def test_recompute_keeps_less_than_every_output_and_scales_with_pixels():
 
 
 def test_estimate_components_and_request():
-    e = resources.estimate(["lenet"] * 4, (1, 28, 28), method="moon", local_batch=64, public_batch=0,
+    e = resources.estimate(["lenet"] * 4, (1, 28, 28), copies=2, local_batch=64, public_batch=0,
                            eval_batch=256, optimiser=2, data_mb=10.0)
     w, a = resources.arch_profile("lenet", (1, 28, 28), 10)
-    slots = 1 + 1 + 2 + resources.METHOD_COPIES["moon"] + 1
+    slots = 1 + 1 + 2 + 2 + 1
     assert e.weights == pytest.approx(4 * w * slots)
     assert e.activations == pytest.approx(resources.ACT_FACTOR * 64 * a + resources.KEEP_FACTOR * 256 * 4 * a)
     assert e.base == resources.BASE_MB and e.data == 10.0
     assert e.request_mb() >= resources.HEADROOM * e.total and e.request_mb() % 256 == 0
     assert e.request_mb(2) >= 2 * e.request_mb() - 256  # a retry asks for twice as much
     # all graphs alive in FCCL's collaborative step: the public batch of every participant at once
-    one = resources.estimate(["lenet"] * 4, (1, 28, 28), method="fccl", local_batch=8, public_batch=512)
-    every = resources.estimate(["lenet"] * 4, (1, 28, 28), method="fccl", local_batch=8, public_batch=512,
+    one = resources.estimate(["lenet"] * 4, (1, 28, 28), copies=2, local_batch=8, public_batch=512)
+    every = resources.estimate(["lenet"] * 4, (1, 28, 28), copies=2, local_batch=8, public_batch=512,
                                all_graphs=True)
     assert every.activations - one.activations == pytest.approx(resources.ACT_FACTOR * 512 * 3 * a)
     # on a GPU the host holds the CUDA runtime and the data, not the activations
-    gpu = resources.estimate(["resnet10"] * 4, (3, 32, 32), method="fedavg", local_batch=256, device="cuda",
+    gpu = resources.estimate(["resnet10"] * 4, (3, 32, 32), local_batch=256, device="cuda",
                              data_mb=100.0)
     assert gpu.activations == 0 and gpu.base == resources.CUDA_BASE_MB
+
+
+def test_methods_declare_their_memory_profile():
+    """resources reads the method classes, never their names: a variant or a plugin method
+    gets the profile of the class it runs."""
+    from fedshift.methods import METHODS
+
+    assert METHODS.get("moon").weight_copies == 2 and METHODS.get("fedavg").weight_copies == 1
+    assert METHODS.get("base").weight_copies == 0
+    assert METHODS.get("fccl_plus").public_graphs == "engine"  # inherited from FCCL
+    for name in ("feddf", "fedmatch", "rhfl"):  # counted as one graph: FedDF's measured peak (resources doc)
+        assert METHODS.get(name).public_graphs == "one", name
+    assert METHODS.get("fedh2l").steps_on_peer_batches and not METHODS.get("ind").steps_on_peer_batches
+
+    def job(method, graphs="one", archs=("lenet",) * 4):
+        return {"kind": "federate", "scenario": "rotmnist", "method": method, "archs": list(archs),
+                "paths": {"public": "build/public/x"}, "method_params": {},
+                "engine": {"local_batch": 32, "public_batch": 256, "eval_batch": 256, "public_graphs": graphs,
+                           "optimizer": "adam", "device": "cpu", "norm": "default", "recompute": "auto"}}
+
+    est = lambda *a, **k: resources.job_estimate(job(*a, **k)).activations  # noqa: E731
+    assert est("fccl", "all") > est("fccl", "one")  # engine.public_graphs decides for FCCL
+    assert est("feddf", "one") == est("feddf", "all") == est("fccl", "one")  # only FCCL follows the engine key
+    assert est("fedh2l") > est("ind")  # the mutual step: K peer batches through one model
 
 
 DATA = {

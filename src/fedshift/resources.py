@@ -11,12 +11,15 @@ A training job's peak resident memory on the CPU is, in MB (issue 22 point 2)::
 * ``params_k * slots_k``: participant k's weights (4 bytes each) times the copies the job
   keeps of them: the model, its gradient, the optimiser's state (Adam 2, SGD with momentum 1,
   plain SGD 0) and the method's own copies (teachers, the previous round's model, the global
-  model: ``METHOD_COPIES``), plus one for checkpointing and averaging;
+  model: the method class's ``weight_copies``), plus one for checkpointing and averaging;
 * ``activations``: the largest training phase's activation memory: per-sample activation
   bytes of each architecture at the scenario's image size (every leaf module's output,
   counted by one forward pass on torch's ``meta`` device: no memory, no data), times the
   batch, for one model at a time in local training and for all K at once in the collaborative
-  step of methods that keep every participant's autograd graph (``engine.public_graphs: all``);
+  step of methods that keep every participant's autograd graph (the class's ``public_graphs``:
+  ``all``, or ``engine`` with ``engine.public_graphs: all``), and on K-1 peer batches at once for a
+  method whose step runs each model on all its peers' batches (``steps_on_peer_batches``: FedH2L,
+  counted as K batches);
 * ``act_factor``: measured, not assumed: autograd's saved tensors and the gradients of the
   activations in the backward pass over the kept forward outputs;
 * ``keep``: what stays resident per participant once its phases end: the freed buffers the
@@ -24,6 +27,12 @@ A training job's peak resident memory on the CPU is, in MB (issue 22 point 2)::
   caches grow with each model's layer sizes: ``KEEP_FACTOR`` x its activations at the
   evaluation batch, summed over participants. Without it the four Digits models' jobs were
   under-predicted by 1.5-2 GB whatever the batch (benchmarks/results/memory_model.md).
+
+FedDF, FedMatch and RHFL also keep every participant's graph in their public step
+(``AveragingMethod.public_step``), but they are counted as one: FedDF's measured peak on FCCL+'s
+Digits architectures at public batch 512 (4,683 MB) sits below even the one-graph estimate
+(6,220 MB), and counting four graphs would ask 3.3x its peak. No job with several graphs and
+recompute off has been measured; until one is, the one-graph count is the measured envelope.
 
 ``BASE_MB``, ``ACT_FACTOR`` and ``KEEP_FACTOR`` are fitted as upper envelopes of the peak RSS that
 ``benchmarks/memory_model.py`` measured for real small jobs of several methods and
@@ -57,22 +66,6 @@ RETRY_FACTOR = 2  # each SLURM retry (profile `retries`) asks for twice the prev
 # benchmarks/results/memory_model.md); the workflow adds this, with a margin, to every request.
 WRAPPER_MB = 900.0
 
-# Copies of each participant's weights a method keeps beyond the model itself (teachers,
-# previous or global models, EMA/intra copies), read off the methods' code. Unlisted: 1.
-METHOD_COPIES: Dict[str, int] = {
-    "fccl": 2,  # the round's starting model (inter-domain teacher) + the pretrained (intra) one
-    "fccl_plus": 2,
-    "moon": 2,  # the global model and the previous round's local model
-    "fedproc": 1,
-    "fedprox": 1,  # the global model of the proximal term
-    "feddf": 1,
-    "fedmatch": 2,
-    "rhfl": 1,
-    "fml": 2,  # the meme model beside each private model
-    "fedh2l": 1,
-    "base": 0,
-    "solo": 0,
-}
 OPTIMISER_SLOTS = {"adam": 2, "amsgrad": 3, "sgd": 0, "sgd_momentum": 1}
 
 
@@ -180,15 +173,16 @@ def folder_mb(paths: Iterable[Optional[Path]]) -> float:
     return sum(_arrays_mb(Path(p).resolve()) for p in paths if p is not None)
 
 
-def estimate(archs: Sequence[str], image_shape: Tuple[int, int, int], *, method: str, local_batch: int,
+def estimate(archs: Sequence[str], image_shape: Tuple[int, int, int], *, copies: int = 1, local_batch: int,
              public_batch: int = 0, eval_batch: int = 256, all_graphs: bool = False, optimiser: int = 2,
              data_mb: float = 0.0, num_classes: int = 10, device: str = "cpu", norm: str = "default",
              recompute: bool = True) -> MemoryEstimate:
-    """The model above for one job: ``archs`` one per participant (a pretraining job: one)."""
+    """The model above for one job: ``archs`` one per participant (a pretraining job: one);
+    ``copies``: the weight copies the method keeps beyond the model (``Method.weight_copies``)."""
     if device.startswith("cuda"):
         return MemoryEstimate(CUDA_BASE_MB, 2 * data_mb, 0.0, 0.0)
     prof = [arch_profile(a, tuple(image_shape), num_classes, norm, recompute) for a in archs]
-    slots = 1 + 1 + optimiser + METHOD_COPIES.get(method, 1) + 1  # weights, grads, optimiser, copies, averaging/checkpoint
+    slots = 1 + 1 + optimiser + copies + 1  # weights, grads, optimiser, copies, averaging/checkpoint
     weights = sum(w for w, _ in prof) * slots
     per_sample = [a for _, a in prof]
     local = local_batch * max(per_sample)
@@ -226,7 +220,7 @@ def job_estimate(cfg: Mapping, gpus: int = 0, root: Path = Path(".")) -> MemoryE
     if cfg.get("kind") == "pretrain":
         p = cfg["pretrain"]
         dev = _device_of(p, gpus)
-        return estimate([cfg["arch"]], image_shape, method="base", local_batch=int(p["batch"]),
+        return estimate([cfg["arch"]], image_shape, copies=0, local_batch=int(p["batch"]),
                         eval_batch=int(p.get("eval_batch", 256)), optimiser=optimiser_slots({"engine": p}),
                         data_mb=data_mb, num_classes=num_classes, device=dev,
                         norm=str(p.get("norm", "default")), recompute=_recompute(p, dev))
@@ -238,13 +232,14 @@ def job_estimate(cfg: Mapping, gpus: int = 0, root: Path = Path(".")) -> MemoryE
     archs = list(cfg["archs"])
     dev = _device_of(eng, gpus)
     local_batch = int(eng["local_batch"])
-    if method in ("fedh2l",):  # the mutual step: one model on every peer's batch
+    if cls.steps_on_peer_batches:  # FedH2L's mutual step: one model on every peer's batch
         local_batch *= len(archs)
-    uses_public = bool(paths.get("public")) and getattr(cls, "uses_public", False)
-    return estimate(archs, image_shape, method=method, local_batch=local_batch,
+    uses_public = bool(paths.get("public")) and cls.uses_public
+    graphs = cls.public_graphs if cls.public_graphs != "engine" else str(eng.get("public_graphs", "one"))
+    return estimate(archs, image_shape, copies=cls.weight_copies, local_batch=local_batch,
                     public_batch=int(eng["public_batch"]) if uses_public else 0,
                     eval_batch=int(eng.get("eval_batch", 256)),
-                    all_graphs=uses_public and eng.get("public_graphs") == "all" and method in ("fccl", "fccl_plus"),
+                    all_graphs=uses_public and graphs == "all",
                     optimiser=optimiser_slots(cfg), data_mb=data_mb, num_classes=num_classes,
                     device=dev, norm=str(eng.get("norm", "default")), recompute=_recompute(eng, dev))
 

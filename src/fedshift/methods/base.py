@@ -46,6 +46,14 @@ class Method:
     Params: ClassVar[type] = BaseParams
     requires_homogeneous: ClassVar[bool] = False  # parameter averaging needs one shared architecture
     uses_public: ClassVar[bool] = False  # needs the unlabeled public set
+    # Memory profile, read by fedshift.resources (what SLURM is asked for): copies of each
+    # participant's weights the method keeps beyond the model itself (teachers, the previous or
+    # global model, EMA/intra copies); how many participants' public-step autograd graphs the
+    # model counts at once ("one", "all", or "engine": engine.public_graphs decides); and whether
+    # one training step runs a model on every peer's batch (FedH2L's mutual step).
+    weight_copies: ClassVar[int] = 1
+    public_graphs: ClassVar[str] = "one"
+    steps_on_peer_batches: ClassVar[bool] = False
     # Per-scenario defaults that differ from the dataclass (paper or authors' code), applied
     # before the user's overrides; e.g. FCCL+ uses omega = 1 on Office-Home.
     scenario_defaults: ClassVar[Dict[str, Dict[str, Any]]] = {}
@@ -99,6 +107,7 @@ class Base(Method):
     """SOLO/BASE: every participant trains on its own private data only (no communication)."""
 
     name = "base"
+    weight_copies = 0  # one model per participant, nothing else
 
 
 def create_method(name: str, overrides: Optional[Mapping[str, Any]] = None, scenario: Optional[str] = None,

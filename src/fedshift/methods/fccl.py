@@ -151,6 +151,8 @@ class FCCL(AveragingMethod):
     """FCCL: FCCM on public logits, then CE + KL(previous-round model) + KL(pretrained model)."""
 
     name = "fccl"
+    public_graphs = "engine"  # engine.public_graphs: all keeps every participant's graph, one keeps one
+    weight_copies = 2  # the round's starting model (inter-domain teacher) + the pretrained (intra) one
     Params = FCCLParams
     uses_public = True
     paper_averaging = "before_local"  # the printed Table XV / CVPR Table 3 rows (per participant); code: after_local (docs/fccl.md)

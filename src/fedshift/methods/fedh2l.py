@@ -109,6 +109,7 @@ class FedH2L(StepwiseMethod):
     """FedH2L: local CE step, then confidence-weighted mutual distillation projected against g_loc."""
 
     name = "fedh2l"
+    steps_on_peer_batches = True  # the mutual step: each node on all its peers' batches
     Params = FedH2LParams
     two_optimizers = True
     global_keys = ("kl", "ce", "conflict")

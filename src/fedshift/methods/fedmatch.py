@@ -92,6 +92,7 @@ class FedMatch(PublicOptimizerState, AveragingMethod):
     """FedMatch: inter-client consistency + agreement pseudo-labels on public data, then CE."""
 
     name = "fedmatch"
+    weight_copies = 2
     Params = FedMatchParams
     uses_public = True
     paper_averaging = "before_local"  # FCCL+ § 4.4: average between collaborative and local updating

@@ -75,6 +75,7 @@ class FML(ParameterAveraging, Method):
     """FML: private model + FedAvg-shared meme model, trained together by deep mutual learning."""
 
     name = "fml"
+    weight_copies = 2  # the meme model beside each private model
     Params = FMLParams
 
     def setup(self, fed) -> None:

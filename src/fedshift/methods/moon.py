@@ -83,6 +83,7 @@ class MOON(FedAvg):
     """MOON: FedAvg + mu * model-contrastive loss (global model positive, previous local model negative)."""
 
     name = "moon"
+    weight_copies = 2  # the global model and the previous round's local model
     Params = MOONParams
     # Under engine.server_model (one shared model) or client sampling this state would be the last-trained
     # client's, or the global model for the clients that sat out (issue 21 item 8): refused at validation.
