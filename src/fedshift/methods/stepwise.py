@@ -130,7 +130,8 @@ class StepwiseMethod(Method):
         pass
 
     # fused_clients: auto fuses the nodes on CUDA only: on 2 CPU cores a 1,000-round FedH2L Table II run
-    # took 195.9 s CPU fused vs 179.8 s sequential (docs/fedh2l.md); `on` still fuses anywhere.
+    # took 145.1 s CPU fused (local, teaching and mutual steps) vs 130.3 s sequential, side by side
+    # (benchmarks/results/fedh2l_fused_cpu.md); `on` still fuses anywhere.
     fused_auto_devices: Tuple[str, ...] = ("cuda",)
 
     def fused_objective(self, fed):
