@@ -60,10 +60,11 @@ def snakemake_config(configfile, workflow_config: Path = WORKFLOW_CONFIG, replac
     the ``--replace-workflow-config`` flag, the files alone). A file that is an overlay of
     another (``overlay_of``) must come after it (:func:`check_overlays`)."""
     files = [Path(configfile)] if isinstance(configfile, (str, Path)) else [Path(f) for f in configfile]
-    check_overlays(files)
+    docs = [load_yaml(f) for f in files]  # each file read once
+    check_overlays(files, docs)
     own: dict = {}
-    for f in files:
-        own = deep_merge(own, load_yaml(f))
+    for doc in docs:
+        own = deep_merge(own, doc)
     own.pop(OVERLAY_KEY, None)
     same = len(files) == 1 and files[0].resolve() == Path(workflow_config).resolve()
     if replace or same or not Path(workflow_config).exists():
@@ -79,19 +80,21 @@ def snakemake_config(configfile, workflow_config: Path = WORKFLOW_CONFIG, replac
 OVERLAY_KEY = "overlay_of"
 
 
-def check_overlays(configfiles: Sequence) -> None:
-    """Refuse, in one line, an overlay given without the file it adds to before it."""
-    seen: List[Path] = []
-    for f in configfiles:
-        base = load_yaml(Path(f)).get(OVERLAY_KEY)
-        f = _shown(Path(f))
-        if base is not None:
-            if not isinstance(base, str) or not base:
-                raise ConfigError(f"{f}: {OVERLAY_KEY}: {base!r} must be the path of the grid file it adds to")
-            if not any(Path(s).resolve() == Path(base).resolve() for s in seen):
-                raise ConfigError(f"{f} only adds to {base} ({OVERLAY_KEY}) and does not plan alone: "
-                                  f"give both, in this order: --configfile {base} {f}")
-        seen.append(Path(f))
+def check_overlays(configfiles: Sequence, docs: Optional[Sequence[Mapping]] = None) -> None:
+    """Refuse, in one line, an overlay given without the file it adds to before it.
+
+    ``docs``: the files' contents when the caller has read them already (else read here)."""
+    paths = [Path(f) for f in configfiles]
+    docs = list(docs) if docs is not None else [load_yaml(p) for p in paths]
+    for i, (path, doc) in enumerate(zip(paths, docs)):
+        base, shown = doc.get(OVERLAY_KEY), _shown(path)
+        if base is None:
+            continue
+        if not isinstance(base, str) or not base:
+            raise ConfigError(f"{shown}: {OVERLAY_KEY}: {base!r} must be the path of the grid file it adds to")
+        if not any(p.resolve() == Path(base).resolve() for p in paths[:i]):
+            raise ConfigError(f"{shown} only adds to {base} ({OVERLAY_KEY}) and does not plan alone: "
+                              f"give both, in this order: --configfile {base} {shown}")
 
 
 def _shown(path: Path) -> str:

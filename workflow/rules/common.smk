@@ -26,14 +26,15 @@ _USER_FILES = [f for f in workflow.overwrite_configfiles or []
 if _USER_FILES:
     from fedshift.experiments import check_overlays, deep_merge, load_yaml
 
+    _USER_DOCS = [load_yaml(_f) for _f in _USER_FILES]  # each file read once
     try:  # an overlay (overlay_of) refuses to plan without the grid it adds to, before it
-        check_overlays(_USER_FILES)
+        check_overlays(_USER_FILES, _USER_DOCS)
     except ConfigError as exc:
         raise WorkflowError(f"fedshift: error: {exc}") from None
 
     GRID["report"] = {}
-    for _f in _USER_FILES:
-        GRID["report"] = deep_merge(GRID["report"], load_yaml(_f).get("report") or {})
+    for _doc in _USER_DOCS:
+        GRID["report"] = deep_merge(GRID["report"], _doc.get("report") or {})
 validate(GRID, schema="../schemas/experiments.schema.yaml")
 try:
     PLAN = load_experiments(GRID, DATA_PARAMS)
