@@ -162,6 +162,12 @@ def test_claims_partly_evaluable_structure_and_no_ci_separation_with_n1(section)
     assert "base_pretrain" not in ours.loc["base_vs", "numbers"] or ours.loc["base_vs", "numbers"].startswith("fedavg")
     assert "1 held" not in md or "partly evaluable" in md
     assert "partly evaluable: 1 of 2" in md
+    # what the reader sees: a claim held by the means with n = 1 on a side is inconclusive, not "held"
+    rows = {line.split(":")[0].strip("| "): line for line in md.splitlines() if line.startswith("| n1:")
+            or line.startswith("| all_pairs:")}
+    assert "| held by the means only: inconclusive |" in rows["n1"], rows
+    assert "| held (CI-separated) |" in rows["all_pairs"], rows
+    assert "held by the means only: inconclusive" in md[md.index("Claims on our runs:"):]
 
 
 def test_one_cell_one_interval_in_every_section(tmp_path, monkeypatch):

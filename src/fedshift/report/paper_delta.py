@@ -653,6 +653,17 @@ def summary_markdown(summary: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
+MEANS_ONLY = "held by the means only: inconclusive"
+
+
+def claim_verdict(r: Mapping) -> str:
+    """The verdict a reader sees: on our runs a claim held by the means alone (n = 1 on a side, or
+    overlapping 95% intervals) is inconclusive, never simply "held"; the paper's tables have no seeds."""
+    if r["who"] != "ours" or r["status"] != "held":
+        return r["status"]
+    return "held (CI-separated)" if r["separated"] else MEANS_ONLY
+
+
 def claims_markdown(claims: pd.DataFrame) -> str:
     lines = ["| claim | paper | where | verdict | numbers |", "|---|---|---|---|---|"]
     for _, r in claims.iterrows():
@@ -661,7 +672,7 @@ def claims_markdown(claims: pd.DataFrame) -> str:
                  + (f" (proxy for {r['scenario']}: another schedule)" if r["proxy"] else ""))
         if r["claim_structure"]:
             where += f" [{r['claim_structure']} claim]"
-        status = r["status"] + (" (CI-separated)" if r["separated"] and r["who"] == "ours" else "")
+        status = claim_verdict(r)
         lines.append(f"| {r['id']}: {r['claim']} | {r['paper']} | {where} | {status} | {r['pairs']} pairs: "
                      f"{r['numbers']} |")
     return "\n".join(lines) + "\n"
@@ -815,16 +826,21 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
     claims = load_claims(claims_file) if (claims_file or claims_path().is_file()) else []
     wanted = {s.name for s in specs}
     verdicts = evaluate_claims(claims, agg, published, scenario_map, paper_tables=wanted, kinds=group_kinds(runs))
+    if len(verdicts):
+        verdicts["verdict"] = [claim_verdict(r) for _, r in verdicts.iterrows()]
     verdicts.to_csv(out_dir / "claims.csv", index=False)
     if len(verdicts):
         md += ["### Claims", "", "A claim is held only when every pair it names was evaluated and holds; NOT held "
                "as soon as one evaluated pair fails; otherwise partly evaluable (k of n pairs). A claim naming a "
-               "structure is evaluated only on our runs of that kind. CI-separated: both sides have n ≥ 2 and their "
-               "95% intervals do not overlap.", "", claims_markdown(verdicts)]
+               "structure is evaluated only on our runs of that kind. On our runs a held claim is *held "
+               "(CI-separated)* when both sides have n ≥ 2 and their 95% intervals do not overlap, else *held by "
+               "the means only: inconclusive* (n = 1 has no interval; overlapping intervals cannot order the "
+               "methods). The intervals are per side, not paired over seeds.", "", claims_markdown(verdicts)]
 
         def counts(v):
-            c = v["status"].map(lambda x: "partly evaluable" if x.startswith("partly") else x).value_counts()
-            return ", ".join(f"{int(c.get(k, 0))} {k}" for k in ("held", "NOT held", "partly evaluable"))
+            c = v["verdict"].map(lambda x: "partly evaluable" if x.startswith("partly") else x).value_counts()
+            kinds = ("held (CI-separated)", MEANS_ONLY) if (v["who"] == "ours").all() else ("held",)
+            return ", ".join(f"{int(c.get(k, 0))} {k}" for k in (*kinds, "NOT held", "partly evaluable"))
 
         ours = verdicts[verdicts["who"] == "ours"]
         paper = verdicts[verdicts["who"] != "ours"]
