@@ -271,3 +271,43 @@ def test_ratio_vs_claims_print_ratios_and_use_our_own_targets():
     res = pdl.evaluate_claims([claim], agg, {}).iloc[0]
     assert res["metric"] == "rounds_to/0.9" and res["status"] == "held"
     assert "fedmmd / fedavg = 0.33, fedavg / fedavg = 1.00" in res["numbers"]  # 1 round / 3 rounds
+
+
+def _alpha_runs(per_seed):
+    """One method at two alphas: {scenario: [per-seed AVG accuracy, %]}; same seeds on both sides."""
+    return pd.concat([runs(scen, {"fedh2l": vals}) for scen, vals in per_seed.items()], ignore_index=True)
+
+
+@pytest.mark.parametrize("hi,verdict", [
+    # every seed gains ~1 point, seeds spread by 10: the per-side intervals overlap, the paired one is above 0
+    ([51.0, 61.1, 70.9], "held (CI-separated)"),
+    # the seeds disagree on the sign: the mean gains, the paired interval straddles 0
+    ([53.0, 58.0, 72.0], pdl.MEANS_ONLY),
+    # every seed loses: NOT held, paired or not
+    ([49.0, 59.0, 69.5], "NOT held"),
+])
+def test_paired_claim_is_judged_on_per_seed_differences(hi, verdict):
+    """`paired: seeds` (claims.yaml: the alpha partitions share seeds and evaluation images): a gain that
+    every seed shows is CI-separated although the per-side intervals overlap; mixed signs stay inconclusive."""
+    lo = [50.0, 60.0, 70.0]
+    long = pdl.ours_long(_alpha_runs({"rotmnist_a05": lo, "rotmnist_a10": hi}), last_k=3, targets=[])
+    agg = pdl.aggregate(long)
+    claim = dict(id="alpha", paper="fedh2l", text="ACC grows with alpha", metric="inter", paired="seeds",
+                 compare=[["fedh2l@rotmnist_a10", "fedh2l@rotmnist_a05"]])
+    unpaired = pdl.evaluate_claims([{k: v for k, v in claim.items() if k != "paired"}], agg, {}, per_seed=long)
+    res = pdl.evaluate_claims([claim], agg, {}, per_seed=long)
+    row = res[res["our_scenario"] == "rotmnist_a10"].iloc[0]
+    assert pdl.claim_verdict(row) == verdict, row["numbers"]
+    assert "paired over seeds 0, 1, 2" in row["numbers"]
+    d = [h - x for h, x in zip(hi, lo)]
+    assert f"Δ = {sum(d) / 3:+.2f}" in row["numbers"]
+    if verdict == "held (CI-separated)":  # unpaired, the same numbers could not order the two alphas
+        assert pdl.claim_verdict(unpaired[unpaired["our_scenario"] == "rotmnist_a10"].iloc[0]) == pdl.MEANS_ONLY
+
+
+def test_paired_must_be_seeds(tmp_path):
+    f = tmp_path / "claims.yaml"
+    f.write_text(yaml.safe_dump({"claims": [dict(id="x", paper="p", text="t", metric="inter", paired="runs",
+                                                 compare=[["a", "b"]])]}))
+    with pytest.raises(Exception, match="paired 'runs' must be 'seeds'"):
+        pdl.load_claims(f)

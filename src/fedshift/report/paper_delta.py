@@ -411,6 +411,9 @@ def load_claims(path: Optional[Path] = None) -> List[dict]:
                               f"{', '.join(STRUCTURES)}")
         if c.get("kind", "order") not in CLAIM_KINDS:
             raise ConfigError(f"{path}: claim {c['id']!r}: kind {c['kind']!r} must be one of {', '.join(CLAIM_KINDS)}")
+        if c.get("paired") not in (None, "seeds") or (c.get("paired") and c.get("kind") == "ratio"):
+            raise ConfigError(f"{path}: claim {c['id']!r}: paired {c['paired']!r} must be 'seeds' (or absent), "
+                              "and a ratio claim cannot be paired")
         if (c.get("kind") == "ratio" or c.get("ratio_vs")) and not str(c["metric"]).startswith("rounds_to/"):
             raise ConfigError(f"{path}: claim {c['id']!r}: kind ratio needs metric rounds_to/<target> or rounds_to/*, "
                               f"got {c['metric']!r}")
@@ -448,7 +451,7 @@ def _pair(a, b, lower: bool, factor: float) -> Optional[bool]:
 
 
 def _fmt_term(name: str, v) -> str:
-    mean, ci, n, reached = v
+    mean, ci, n, reached = v[:4]
     if n == 0:  # a printed value of the paper: no seeds of ours behind it
         return f"{name} {mean:.2f}"
     if reached < n:
@@ -463,6 +466,7 @@ def _check(claim: dict, lookup, scenario: str, metric: Optional[str] = None) -> 
     factor = float(claim.get("below", 1.0)) if ratio else 1.0
     metric = metric or _resolve_metric(claim["metric"], scenario)
     part = claim.get("participant", "avg")
+    paired = claim.get("paired") == "seeds" and not ratio
     total = len(claim["compare"])
     done, lines, failed, open_, separated = 0, [], False, 0, True
     for a, b in claim["compare"]:
@@ -471,6 +475,16 @@ def _check(claim: dict, lookup, scenario: str, metric: Optional[str] = None) -> 
             lines.append(f"{a} vs {b}: not evaluated ({a if va is None or pd.isna(va[0]) else b} absent)")
             continue
         done += 1
+        seeds = sorted(set(va[4]) & set(vb[4])) if paired and len(va) > 4 and va[4] and vb[4] else []
+        if len(seeds) >= 2:  # paired over seeds: the interval of the per-seed differences
+            d, dh, dn = mean_ci([(vb[4][s] - va[4][s]) if lower else (va[4][s] - vb[4][s]) for s in seeds])
+            ok = bool(d > 0)
+            failed |= not ok
+            separated &= ok and d - dh > 0
+            lines.append(f"{a} − {b} paired over seeds {', '.join(str(s) for s in seeds)}: "
+                         f"{'−' if lower else '+'}Δ = {d:+.2f}, 95% CI [{d - dh:+.2f}, {d + dh:+.2f}] (n={dn}): "
+                         f"{'yes' if ok else 'NO'}")
+            continue
         ok = _pair(va, vb, lower, factor)
         ok = None if ok is None else bool(ok)  # numpy bools are not the singletons `is` compares
         if ok is None:
@@ -521,11 +535,14 @@ def group_kinds(runs: pd.DataFrame) -> Dict[Tuple[str, str, str], str]:
 
 def evaluate_claims(claims: List[dict], agg: Optional[pd.DataFrame], published: Dict[str, pd.DataFrame],
                     scenario_map: Mapping[str, str] = (), paper_tables: Optional[Iterable[str]] = None,
-                    kinds: Optional[Mapping[Tuple[str, str, str], str]] = None) -> pd.DataFrame:
+                    kinds: Optional[Mapping[Tuple[str, str, str], str]] = None,
+                    per_seed: Optional[pd.DataFrame] = None) -> pd.DataFrame:
     """held / NOT held / partly evaluable per claim, on the paper's own tables (those in ``paper_tables``,
     default all) and, per (scenario, public, structure) group where its methods ran, on ours. ``kinds``
     (:func:`group_kinds`) limits a claim with ``structure`` to our groups of that kind; a group of unknown
-    kind is skipped for such a claim."""
+    kind is skipped for such a claim. ``per_seed`` (:func:`ours_long`): a claim with ``paired: seeds``
+    compares our two sides seed by seed (the interval of the per-seed differences), where both have
+    at least two seeds in common."""
     scenario_map = dict(scenario_map or {})
     kinds = dict(kinds or {})
     rows = []
@@ -564,7 +581,7 @@ def evaluate_claims(claims: List[dict], agg: Optional[pd.DataFrame], published: 
                 continue  # a claim about homogeneous models says nothing about heterogeneous runs, and vice versa
             sub = agg[(agg["public"] == public) & (agg["structure"] == struct)]
 
-            def look(method, at, metric, part, scen=scen, sub=sub):
+            def look(method, at, metric, part, scen=scen, sub=sub, public=public, struct=struct):
                 want = scen
                 if at:
                     want = next((s for s in sub["scenario"].unique() if scenario_map.get(s, s) == at), None)
@@ -574,7 +591,13 @@ def evaluate_claims(claims: List[dict], agg: Optional[pd.DataFrame], published: 
                 if not len(hit):
                     return None
                 h = hit.iloc[0]
-                return (h["mean"], h["ci"], int(h["n"]), int(h["reached"]))
+                seeds = None
+                if per_seed is not None and len(per_seed):
+                    s = per_seed[(per_seed["scenario"] == want) & (per_seed["public"] == public)
+                                 & (per_seed["structure"] == struct) & (per_seed["method"] == method)
+                                 & (per_seed["metric"] == metric) & (per_seed["participant"] == part)]
+                    seeds = {int(k): float(v) for k, v in zip(s["seed"], s["value"]) if not pd.isna(v)}
+                return (h["mean"], h["ci"], int(h["n"]), int(h["reached"]), seeds)
 
             for metric in _metrics(c, g["metric"], target, ours=True):
                 r = _check(c, look, target, metric)
@@ -790,7 +813,8 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
     published = all_published(published_root)
     tables = {s.name: load_published(s.name, published_root) for s in specs}
     targets = sorted({m.split("/", 1)[1] for t in tables.values() for m in t["metric"] if m.startswith("rounds_to/")})
-    agg = aggregate(ours_long(runs, last_k, targets))
+    long = ours_long(runs, last_k, targets)
+    agg = aggregate(long)
     margin = report_margin(report_cfg)
     schedules = _schedules()
     md = ["## Paper delta", "",
@@ -825,7 +849,8 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
         md += ["### Per-table summary", "", summary_markdown(summary)]
     claims = load_claims(claims_file) if (claims_file or claims_path().is_file()) else []
     wanted = {s.name for s in specs}
-    verdicts = evaluate_claims(claims, agg, published, scenario_map, paper_tables=wanted, kinds=group_kinds(runs))
+    verdicts = evaluate_claims(claims, agg, published, scenario_map, paper_tables=wanted, kinds=group_kinds(runs),
+                               per_seed=long)
     if len(verdicts):
         verdicts["verdict"] = [claim_verdict(r) for _, r in verdicts.iterrows()]
     verdicts.to_csv(out_dir / "claims.csv", index=False)
@@ -835,7 +860,10 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
                "structure is evaluated only on our runs of that kind. On our runs a held claim is *held "
                "(CI-separated)* when both sides have n ≥ 2 and their 95% intervals do not overlap, else *held by "
                "the means only: inconclusive* (n = 1 has no interval; overlapping intervals cannot order the "
-               "methods). The intervals are per side, not paired over seeds.", "", claims_markdown(verdicts)]
+               "methods). The intervals are per side, except for a claim marked `paired: seeds` in "
+               "params/papers/claims.yaml: its sides share their seeds (and evaluation images), so it is judged on "
+               "the per-seed differences, CI-separated when their 95% interval lies above 0.", "",
+               claims_markdown(verdicts)]
 
         def counts(v):
             c = v["verdict"].map(lambda x: "partly evaluable" if x.startswith("partly") else x).value_counts()
