@@ -311,3 +311,36 @@ def test_paired_must_be_seeds(tmp_path):
                                                  compare=[["a", "b"]])]}))
     with pytest.raises(Exception, match="paired 'runs' must be 'seeds'"):
         pdl.load_claims(f)
+
+
+def test_published_methods_compare_our_reading_with_the_papers_row(tmp_path):
+    """report.published_methods {fedh2l_seedlocal: fedh2l}: the paper delta matches our variant with the
+    published fedh2l cells and the claims' fedh2l terms find it; without the map nothing matches."""
+    df = pd.concat([_alpha_runs({"rotmnist": [50.0, 51.0, 52.0]}).assign(method="fedh2l_seedlocal"),
+                    runs("rotmnist", {"fedmd": [40.0, 41.0, 42.0]})], ignore_index=True)
+    pub = published_dir(tmp_path)
+    rows = pd.read_csv(pub / "fccl_plus_table15.csv")
+    rows.loc[rows["method"] == "fedavg", "method"] = "fedh2l"
+    rows.to_csv(pub / "fccl_plus_table15.csv", index=False)
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(yaml.safe_dump({"claims": [dict(id="c", paper="fccl_plus", text="FedH2L beats FedMD",
+                                                      metric="inter", published=["fccl_plus_table15"],
+                                                      compare=[["fedh2l", "fedmd"]])]}))
+
+    def section(cfg):
+        out = tmp_path / f"out{len(cfg)}"
+        out.mkdir()
+        md = "\n".join(pdl.delta_report(df, {"published": ["fccl_plus_table15"], **cfg}, out, published_root=pub,
+                                        claims_file=claims))
+        return md, pd.read_csv(out / "delta__fccl_plus_table15.csv"), pd.read_csv(out / "claims.csv")
+
+    md, cells, claims_out = section({"published_methods": {"fedh2l_seedlocal": "fedh2l"}})
+    assert "our `fedh2l_seedlocal` as the paper's `fedh2l`" in md
+    hit = cells[(cells["method"] == "fedh2l_seedlocal") & (cells["scenario"] == "rotmnist")]
+    assert len(hit) == 1 and hit["published"].iloc[0] == pytest.approx(50.5) and hit["n"].iloc[0] == 3
+    ours = claims_out[claims_out["who"] == "ours"].iloc[0]
+    assert ours["status"] == "held" and "fedh2l 51.00" in ours["numbers"]  # the claim found our run
+    _, bare, bare_claims = section({})
+    assert not (bare_claims["who"] == "ours").any()  # without the map no pair of the claim is in our runs
+    assert not (bare["method"] == "fedh2l_seedlocal").any() or bare.loc[bare["method"] == "fedh2l_seedlocal",
+                                                                         "published"].isna().all()

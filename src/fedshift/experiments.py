@@ -379,6 +379,14 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
         if unknown:  # the report silently dropped such a row
             raise ConfigError(f"report.tables[{i}].methods: {unknown} not run by the grid; "
                               f"valid: {', '.join(sorted(ran))}")
+    renamed = (exp.get("report") or {}).get("published_methods") or {}
+    unknown = sorted(m for m in renamed if m not in ran)
+    if unknown:  # a mapping that matches no run would compare nothing, silently
+        raise ConfigError(f"report.published_methods: {unknown} not run by the grid; valid: {', '.join(sorted(ran))}")
+    twice = sorted({p for p in renamed.values() if list(renamed.values()).count(p) > 1})
+    if twice:  # which of ours would the published row be compared with?
+        raise ConfigError(f"report.published_methods: several of our methods map to {twice}; "
+                          "map one of our methods to each published one")
     return plan
 
 

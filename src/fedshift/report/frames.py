@@ -41,3 +41,28 @@ def is_homogeneous(df: pd.DataFrame) -> bool:
     """Every participant of the group's runs has the same architecture (parameter averaging possible)."""
     archs = set(participant_archs(df[df["participant"] != "global"]).values()) if len(df) else set()
     return len(archs) == 1
+
+
+def published_method_names(report_cfg) -> dict:
+    """``report.published_methods`` inverted: published method -> our method (the grid's own name).
+
+    A grid that runs a reading of a published method under its own name (``fedh2l_seedlocal`` for
+    the paper's ``fedh2l``) maps it here, so the paper delta, the claims and the FedH2L table compare
+    it with that published row; our names stay ours everywhere in the report."""
+    from ..errors import ConfigError
+
+    ours_to_pub = dict((report_cfg or {}).get("published_methods") or {})
+    inverse: dict = {}
+    for ours, pub in ours_to_pub.items():
+        if pub in inverse:
+            raise ConfigError(f"report.published_methods: {inverse[pub]!r} and {ours!r} both map to {pub!r}; "
+                              "map one of our methods to each published one")
+        inverse[pub] = ours
+    return inverse
+
+
+def rename_published(frame: pd.DataFrame, inverse: dict) -> pd.DataFrame:
+    """A published table with its method names replaced by ours (:func:`published_method_names`)."""
+    if not inverse or frame is None or "method" not in frame.columns:
+        return frame
+    return frame.assign(method=frame["method"].map(lambda m: inverse.get(m, m)))

@@ -20,6 +20,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
+from .frames import published_method_names, rename_published
+
 METRICS = ("acc", "wdp", "cdp")
 RUN = ["scenario", "public", "structure", "method", "seed"]
 PUBLISHED_DIR = Path("params/papers/published")
@@ -146,6 +148,7 @@ def h2l_section(df: pd.DataFrame, report_cfg: Dict, out_dir: Path, last_k: int =
     sel = selected_values(df, last_k)
     sel.to_csv(Path(out_dir) / "h2l_selected.csv", index=False)
     published, missing = load_published(report_cfg.get("published") or [], published_dir)
+    published = rename_published(published, published_method_names(report_cfg))  # report.published_methods
     md = []
     for struct, s in sel.groupby("structure"):
         long, _ = table2(s, published)

@@ -57,7 +57,7 @@ import pandas as pd
 import yaml
 
 from ..errors import ConfigError
-from .frames import headline_frame, is_homogeneous, participant_archs
+from .frames import headline_frame, is_homogeneous, participant_archs, published_method_names, rename_published
 from .frames import topk as _topk
 from .stats import (CONFIDENCE, DEFAULT_MARGIN, NO_VERDICT, NOT_RUN, fmt_interval, mean_ci,  # noqa: F401
                     t_critical, verdict)
@@ -536,13 +536,15 @@ def group_kinds(runs: pd.DataFrame) -> Dict[Tuple[str, str, str], str]:
 def evaluate_claims(claims: List[dict], agg: Optional[pd.DataFrame], published: Dict[str, pd.DataFrame],
                     scenario_map: Mapping[str, str] = (), paper_tables: Optional[Iterable[str]] = None,
                     kinds: Optional[Mapping[Tuple[str, str, str], str]] = None,
-                    per_seed: Optional[pd.DataFrame] = None) -> pd.DataFrame:
+                    per_seed: Optional[pd.DataFrame] = None,
+                    method_names: Optional[Mapping[str, str]] = None) -> pd.DataFrame:
     """held / NOT held / partly evaluable per claim, on the paper's own tables (those in ``paper_tables``,
     default all) and, per (scenario, public, structure) group where its methods ran, on ours. ``kinds``
     (:func:`group_kinds`) limits a claim with ``structure`` to our groups of that kind; a group of unknown
     kind is skipped for such a claim. ``per_seed`` (:func:`ours_long`): a claim with ``paired: seeds``
     compares our two sides seed by seed (the interval of the per-seed differences), where both have
-    at least two seeds in common."""
+    at least two seeds in common. ``method_names``: a claim's (published) method -> our method that
+    stands for it on our runs (``report.published_methods``)."""
     scenario_map = dict(scenario_map or {})
     kinds = dict(kinds or {})
     rows = []
@@ -586,7 +588,7 @@ def evaluate_claims(claims: List[dict], agg: Optional[pd.DataFrame], published: 
                 if at:
                     want = next((s for s in sub["scenario"].unique() if scenario_map.get(s, s) == at), None)
                 here = sub[sub["scenario"] == want]
-                method = _ours_method(here["method"], method)
+                method = _ours_method(here["method"], dict(method_names or {}).get(method, method))
                 hit = here[(here["method"] == method) & (here["metric"] == metric) & (here["participant"] == part)]
                 if not len(hit):
                     return None
@@ -811,7 +813,8 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
     specs = [PublishedSpec.parse(e) for e in report_cfg.get("published", []) or []]
     scenario_map = dict(report_cfg.get("published_scenarios") or {})
     published = all_published(published_root)
-    tables = {s.name: load_published(s.name, published_root) for s in specs}
+    renamed = published_method_names(report_cfg)  # report.published_methods: our reading of a published row
+    tables = {s.name: rename_published(load_published(s.name, published_root), renamed) for s in specs}
     targets = sorted({m.split("/", 1)[1] for t in tables.values() for m in t["metric"] if m.startswith("rounds_to/")})
     long = ours_long(runs, last_k, targets)
     agg = aggregate(long)
@@ -828,6 +831,9 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
           "with `reached k/n`. **Proxy** sections (our scenario stands in for the published one; AVG cells only, "
           "its domains are not the paper's) state both schedules and give no verdicts. ⚑ = the printed value does "
           "not recompute (kept as printed).", ""]
+    if renamed:
+        md += ["Compared with the published rows of another name (`report.published_methods`): "
+               + ", ".join(f"our `{o}` as the paper's `{p}`" for p, o in renamed.items()) + ".", ""]
     all_cells = []
     for spec in specs:
         cells = compare(agg, tables[spec.name], scenario_map, spec, margin)
@@ -850,7 +856,7 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
     claims = load_claims(claims_file) if (claims_file or claims_path().is_file()) else []
     wanted = {s.name for s in specs}
     verdicts = evaluate_claims(claims, agg, published, scenario_map, paper_tables=wanted, kinds=group_kinds(runs),
-                               per_seed=long)
+                               per_seed=long, method_names=renamed)
     if len(verdicts):
         verdicts["verdict"] = [claim_verdict(r) for _, r in verdicts.iterrows()]
     verdicts.to_csv(out_dir / "claims.csv", index=False)
