@@ -172,6 +172,41 @@ def test_fused_run_resumes_bit_identically_and_logs_its_path(tiny_data, tmp_path
     assert (ref / "rounds.csv").read_bytes() == (out / "rounds.csv").read_bytes()
 
 
+def test_fused_fedh2l_run_resumes_bit_identically(tiny_data, tmp_path, monkeypatch):
+    """FedH2L with its local, teaching and mutual steps fused, through the runner: an interrupted
+    run resumes to the straight run's metrics and rounds.csv (the node state is the sequential one)."""
+    import json
+
+    from fedshift import runner
+    from fedshift.engine import checkpoint
+    from fedshift.experiments import load_experiments
+    from fedshift.methods.fedh2l import FedH2L
+    from test_resume import DATA, _checkpoint_round, _stop_in_round
+
+    exp = {"engine": {"rounds": 6, "eval_every": 2, "device": "cpu", "checkpoint_min_s": 0, "threads": 1,
+                      "public_aug": "none", "norm": "none", "fused_clients": "on"},
+           "methods": {"fedh2l": {"log_every": 2}},
+           "grid": [{"scenarios": ["rotmnist"], "public": ["none"], "methods": ["fedh2l"],
+                     "structures": ["homo_lenet"]}]}
+    (cfg,) = load_experiments(exp, DATA, results=str(tmp_path / "results"), build=str(tiny_data)).federate.values()
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    mutual = []
+    orig = FedH2L.fused_mutual_step
+    monkeypatch.setattr(FedH2L, "fused_mutual_step", lambda self, fed, *a: mutual.append(1) or orig(self, fed, *a))
+    runner.run_federate(cfg, ref)
+    assert len(mutual) == 6  # every round's mutual step ran fused
+    _, real = _stop_in_round(monkeypatch, FedH2L, stop_at=4)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_federate(cfg, out)
+    assert _checkpoint_round(checkpoint.partial_dir(out)) == 3
+    monkeypatch.setattr(FedH2L, "run_round", real)
+    runner.run_federate(cfg, out)
+    a, b = (json.loads((d / "metrics.json").read_text()) for d in (ref, out))
+    a.pop("timings"), b.pop("timings")
+    assert a == b
+    assert (ref / "rounds.csv").read_bytes() == (out / "rounds.csv").read_bytes()
+
+
 def test_on_is_refused_at_planning_before_any_job(tiny_data, tmp_path):
     from fedshift.experiments import load_experiments
     from test_resume import DATA
