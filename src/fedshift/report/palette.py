@@ -2,7 +2,9 @@
 
 The papers' methods take fixed slots of a 40-colour palette (matplotlib's tab10, then tab20's light
 shades, then tab20b: the first ten are the most distinct and go to the most common methods) in the
-order of :data:`KNOWN`; any other name (a variant, a plugin) takes a slot from a CRC32 of its name, so
+order of :data:`KNOWN`; the greys of tab10 / tab20 are left out (grid lines, seed bands and the
+neutral text are grey: a grey method line read as background, and FedH2L's and IND's were two greys
+in one Table II figure); any other name (a variant, a plugin) takes a slot from a CRC32 of its name, so
 it too keeps its colour from figure to figure and from report to report.
 """
 
@@ -19,8 +21,14 @@ KNOWN = ("fedavg", "fccl_plus", "base_pretrain", "fedmd", "base", "fccl", "fedpr
 def _palette():
     from matplotlib import colormaps
 
-    return ([colormaps["tab10"](i) for i in range(10)] + [colormaps["tab20"](i) for i in range(1, 20, 2)]
-            + [colormaps["tab20b"](i) for i in range(20)])
+    pal = ([colormaps["tab10"](i) for i in range(10)] + [colormaps["tab20"](i) for i in range(1, 20, 2)]
+           + [colormaps["tab20b"](i) for i in range(20)])
+    return [c for c in pal if not _grey(c)]
+
+
+def _grey(colour) -> bool:
+    r, g, b = colour[:3]
+    return max(r, g, b) - min(r, g, b) < 0.02
 
 
 def method_colour(method: str) -> Tuple[float, float, float, float]:
