@@ -482,7 +482,7 @@ def _check(claim: dict, lookup, scenario: str, metric: Optional[str] = None) -> 
             failed |= not ok
             separated &= ok and d - dh > 0
             lines.append(f"{a} − {b} paired over seeds {', '.join(str(s) for s in seeds)}: "
-                         f"{'−' if lower else '+'}Δ = {d:+.2f}, 95% CI [{d - dh:+.2f}, {d + dh:+.2f}] (n={dn}): "
+                         f"Δ = {d:+.2f}{' (lower is better)' if lower else ''}, 95% CI [{d - dh:+.2f}, {d + dh:+.2f}] (n={dn}): "
                          f"{'yes' if ok else 'NO'}")
             continue
         ok = _pair(va, vb, lower, factor)
