@@ -90,7 +90,7 @@ def masked_cross_entropy(call: Callable, params: Dict[str, Tensor], x: Tensor, y
 
 
 def stack_states(states: Sequence[Mapping[str, Tensor]], names: Sequence[str]) -> Dict[str, Tensor]:
-    return {n: torch.stack([s[n].detach() for s in states]).clone() for n in names}
+    return {n: torch.stack([s[n].detach() for s in states]) for n in names}  # stack copies: no view of a state
 
 
 def unstack(stacked: Mapping[str, Tensor], index: int) -> Dict[str, Tensor]:
@@ -426,8 +426,8 @@ def fused_round(fed, clients, weights: Sequence[float], objective: Optional[Obje
 
 def stack_parameters(model: nn.Module, models: Sequence[nn.Module]) -> Dict[str, Tensor]:
     """The trainable parameters of ``len(models)`` identical models, stacked on a new leading dimension."""
-    names = [n for n, p in model.named_parameters() if p.requires_grad]
-    return {n: torch.stack([dict(m.named_parameters())[n].detach() for m in models]) for n in names}
+    return stack_states([dict(m.named_parameters()) for m in models],
+                        [n for n, p in model.named_parameters() if p.requires_grad])
 
 
 def stacked_forward(model: nn.Module, params: Mapping[str, Tensor], x: Tensor) -> Tensor:
