@@ -200,8 +200,7 @@ class FedH2L(StepwiseMethod):
         n, b = len(fed.clients), self.pub_batch
         kl_v, ce_v, conflict = (torch.zeros(n, device=fed.device) for _ in range(3))
         for i, (c, node) in enumerate(zip(fed.clients, self.nodes)):
-            if self.p.g_loc == "param_change":
-                node.gloc = node.start - flat_params(node.params)
+            self.open_gloc(node)
             mine = peers[i]
             if mine:
                 if self.p.mutual_forward == "concat":  # one pass: equal to per_peer without BatchNorm
@@ -214,12 +213,9 @@ class FedH2L(StepwiseMethod):
                 node.buf.zero_()
                 total.backward()
                 conflict[i] = (torch.dot(node.buf, node.gloc) < 0).float()
-                node.buf.copy_(project_gradient(node.buf, node.gloc, self.p.projection))
-                node.opt_global.step()
+                self.global_update(node, node.buf)
                 kl_v[i], ce_v[i] = kl.detach(), ce.detach()
-            node.gloc.zero_()
-            if self.p.g_loc == "param_change":
-                node.start = flat_params(node.params)
+            self.close_gloc(node)
         return kl_v, ce_v, conflict
 
     def fused_mutual_step(self, fed, stacked, peers, xs, ys, probs, accs):
@@ -241,17 +237,30 @@ class FedH2L(StepwiseMethod):
             return total, (kl, ce)
 
         grads, _, (kl_v, ce_v) = stacked_grads_aux(fed.clients[0].model, stacked, inputs, objective)
-        if self.p.g_loc == "param_change":
-            for node in self.nodes:
-                node.gloc = node.start - flat_params(node.params)
+        for node in self.nodes:
+            self.open_gloc(node)
         conflict = ((grads * torch.stack([node.gloc for node in self.nodes])).sum(1) < 0).float()
-        for i, node in enumerate(self.nodes):
-            node.buf.copy_(project_gradient(grads[i], node.gloc, self.p.projection))
-            node.opt_global.step()
-            node.gloc.zero_()
-            if self.p.g_loc == "param_change":
-                node.start = flat_params(node.params)
+        for node, grad in zip(self.nodes, grads):
+            self.global_update(node, grad)
+            self.close_gloc(node)
         return kl_v.detach(), ce_v.detach(), conflict
+
+    # -- g_loc and the global step, shared by both paths ------------------------------------
+    def open_gloc(self, node: _Node) -> None:
+        """``g_loc: param_change``: the parameter change since the node's last global step."""
+        if self.p.g_loc == "param_change":
+            node.gloc = node.start - flat_params(node.params)
+
+    def close_gloc(self, node: _Node) -> None:
+        """After the global step: g_loc accumulates afresh, from the parameters as they are now."""
+        node.gloc.zero_()
+        if self.p.g_loc == "param_change":
+            node.start = flat_params(node.params)
+
+    def global_update(self, node: _Node, grad: torch.Tensor) -> None:
+        """The global AMSGrad step on ``grad`` projected against g_loc (Eq. 8 or the Table V variant)."""
+        node.buf.copy_(project_gradient(grad, node.gloc, self.p.projection))
+        node.opt_global.step()
 
     def node_state(self, node: _Node) -> Dict[str, Any]:
         return {**super().node_state(node), "gloc": node.gloc.clone(), "start": node.start.clone()}
