@@ -383,10 +383,9 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
     unknown = sorted(m for m in renamed if m not in ran)
     if unknown:  # a mapping that matches no run would compare nothing, silently
         raise ConfigError(f"report.published_methods: {unknown} not run by the grid; valid: {', '.join(sorted(ran))}")
-    twice = sorted({p for p in renamed.values() if list(renamed.values()).count(p) > 1})
-    if twice:  # which of ours would the published row be compared with?
-        raise ConfigError(f"report.published_methods: several of our methods map to {twice}; "
-                          "map one of our methods to each published one")
+    from .report.frames import published_method_names
+
+    published_method_names(exp.get("report"))  # two of ours onto one published row: refused before any job
     return plan
 
 

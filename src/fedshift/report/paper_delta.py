@@ -609,6 +609,7 @@ def evaluate_claims(claims: List[dict], agg: Optional[pd.DataFrame], published: 
     cols = ["id", "paper", "claim", "source", "claim_structure", "who", "scenario", "our_scenario", "public",
             "structure", "proxy", "metric", "status", "held", "separated", "pairs", "numbers"]
     out = pd.DataFrame(rows, columns=cols)
+    out["verdict"] = [claim_verdict(r) for _, r in out.iterrows()]  # what the reader sees
     return out.drop_duplicates(subset=["id", "who", "scenario", "our_scenario", "public", "structure", "metric",
                                        "numbers"])
 
@@ -697,8 +698,7 @@ def claims_markdown(claims: pd.DataFrame) -> str:
                  + (f" (proxy for {r['scenario']}: another schedule)" if r["proxy"] else ""))
         if r["claim_structure"]:
             where += f" [{r['claim_structure']} claim]"
-        status = claim_verdict(r)
-        lines.append(f"| {r['id']}: {r['claim']} | {r['paper']} | {where} | {status} | {r['pairs']} pairs: "
+        lines.append(f"| {r['id']}: {r['claim']} | {r['paper']} | {where} | {r['verdict']} | {r['pairs']} pairs: "
                      f"{r['numbers']} |")
     return "\n".join(lines) + "\n"
 
@@ -857,8 +857,6 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
     wanted = {s.name for s in specs}
     verdicts = evaluate_claims(claims, agg, published, scenario_map, paper_tables=wanted, kinds=group_kinds(runs),
                                per_seed=long, method_names=renamed)
-    if len(verdicts):
-        verdicts["verdict"] = [claim_verdict(r) for _, r in verdicts.iterrows()]
     verdicts.to_csv(out_dir / "claims.csv", index=False)
     if len(verdicts):
         md += ["### Claims", "", "A claim is held only when every pair it names was evaluated and holds; NOT held "
