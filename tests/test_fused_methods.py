@@ -137,13 +137,10 @@ def test_the_run_logs_once_which_path_trains(caplog):
 def test_fused_run_resumes_bit_identically_and_logs_its_path(tiny_data, tmp_path, monkeypatch, caplog):
     """fused_clients: on through the runner: the log says fused, and an interrupted run resumes to the
     straight run's metrics and rounds.csv (sampling + server model, FedMMD's second stream)."""
-    import json
-
     from fedshift import runner
-    from fedshift.engine import checkpoint
     from fedshift.experiments import load_experiments
     from fedshift.methods.fedmmd import FedMMD
-    from test_resume import DATA, _checkpoint_round, _stop_in_round
+    from test_resume import DATA, _interrupt_and_resume, _same_run
 
     exp = {"engine": {"rounds": 4, "local_epochs": 1, "local_batch": 32, "device": "cpu", "checkpoint_min_s": 0,
                       "threads": 1, "eval_batch": 512, "clients_per_round": 3, "server_model": True,
@@ -160,28 +157,17 @@ def test_fused_run_resumes_bit_identically_and_logs_its_path(tiny_data, tmp_path
     assert len(calls) == 4  # every round trained fused
     assert [r.getMessage() for r in caplog.records if "clients train" in r.getMessage()] == \
         ["clients train fused (engine.fused_clients: on)"]
-    _, real = _stop_in_round(monkeypatch, FedMMD)
-    with pytest.raises(KeyboardInterrupt):
-        runner.run_federate(cfg, out)
-    assert _checkpoint_round(checkpoint.partial_dir(out)) == 2
-    monkeypatch.setattr(FedMMD, "run_round", real)
-    runner.run_federate(cfg, out)
-    a, b = (json.loads((d / "metrics.json").read_text()) for d in (ref, out))
-    a.pop("timings"), b.pop("timings")
-    assert a == b
-    assert (ref / "rounds.csv").read_bytes() == (out / "rounds.csv").read_bytes()
+    _interrupt_and_resume(monkeypatch, cfg, FedMMD, out)
+    _same_run(ref, out)
 
 
 def test_fused_fedh2l_run_resumes_bit_identically(tiny_data, tmp_path, monkeypatch):
     """FedH2L with its local, teaching and mutual steps fused, through the runner: an interrupted
     run resumes to the straight run's metrics and rounds.csv (the node state is the sequential one)."""
-    import json
-
     from fedshift import runner
-    from fedshift.engine import checkpoint
     from fedshift.experiments import load_experiments
     from fedshift.methods.fedh2l import FedH2L
-    from test_resume import DATA, _checkpoint_round, _stop_in_round
+    from test_resume import DATA, _interrupt_and_resume, _same_run
 
     exp = {"engine": {"rounds": 6, "eval_every": 2, "device": "cpu", "checkpoint_min_s": 0, "threads": 1,
                       "public_aug": "none", "norm": "none", "fused_clients": "on"},
@@ -195,16 +181,8 @@ def test_fused_fedh2l_run_resumes_bit_identically(tiny_data, tmp_path, monkeypat
     monkeypatch.setattr(FedH2L, "fused_mutual_step", lambda self, fed, *a: mutual.append(1) or orig(self, fed, *a))
     runner.run_federate(cfg, ref)
     assert len(mutual) == 6  # every round's mutual step ran fused
-    _, real = _stop_in_round(monkeypatch, FedH2L, stop_at=4)
-    with pytest.raises(KeyboardInterrupt):
-        runner.run_federate(cfg, out)
-    assert _checkpoint_round(checkpoint.partial_dir(out)) == 3
-    monkeypatch.setattr(FedH2L, "run_round", real)
-    runner.run_federate(cfg, out)
-    a, b = (json.loads((d / "metrics.json").read_text()) for d in (ref, out))
-    a.pop("timings"), b.pop("timings")
-    assert a == b
-    assert (ref / "rounds.csv").read_bytes() == (out / "rounds.csv").read_bytes()
+    _interrupt_and_resume(monkeypatch, cfg, FedH2L, out, stop_at=4)
+    _same_run(ref, out)
 
 
 def test_on_is_refused_at_planning_before_any_job(tiny_data, tmp_path):

@@ -67,6 +67,29 @@ def _stop_in_round(monkeypatch, cls, stop_at=3):
     return calls, real
 
 
+def _interrupt_and_resume(monkeypatch, cfg, cls, out, stop_at=3):
+    """Run ``cfg`` into ``out``, interrupted inside round ``stop_at`` (after round ``stop_at - 1``
+    was checkpointed), then rerun it: it resumes from that checkpoint and runs to the end."""
+    _, real = _stop_in_round(monkeypatch, cls, stop_at)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_federate(cfg, out)
+    assert _checkpoint_round(checkpoint.partial_dir(out)) == stop_at - 1
+    monkeypatch.setattr(cls, "run_round", real)
+    runner.run_federate(cfg, out)
+
+
+def _same_run(ref, out, files=("rounds.csv",)):
+    """Both runs' metrics.json equal but for the wall-clock timings, and ``files`` equal byte for byte;
+    returns ref's metrics and out's timings."""
+    a, b = (json.loads((d / "metrics.json").read_text()) for d in (ref, out))
+    a.pop("timings")
+    timings = b.pop("timings")
+    assert a == b
+    for name in files:
+        assert (ref / name).read_bytes() == (out / name).read_bytes(), name
+    return a, timings
+
+
 def test_sigkill_at_random_round_then_rerun_is_bit_identical(tiny_data, tmp_path):
     cfg = _config(tiny_data, tmp_path)
     cfg_path = tmp_path / "config.yaml"
@@ -231,17 +254,6 @@ def test_sampled_server_model_run_resumes_bit_identically(tiny_data, tmp_path, m
     (cfg,) = load_experiments(exp, DATA, results=str(tmp_path / "results"), build=str(tiny_data)).federate.values()
     ref, out = tmp_path / "ref", tmp_path / "out"
     runner.run_federate(cfg, ref)
-
-    _, real = _stop_in_round(monkeypatch, FedMMD)
-    with pytest.raises(KeyboardInterrupt):
-        runner.run_federate(cfg, out)
-    assert _checkpoint_round(checkpoint.partial_dir(out)) == 2
-    monkeypatch.setattr(FedMMD, "run_round", real)
-    runner.run_federate(cfg, out)
-    a, b = (json.loads((d / "metrics.json").read_text()) for d in (ref, out))
-    assert b["timings"].pop("resumed_after_rounds") == [2]
-    a["timings"].pop("resumed_after_rounds")
-    a.pop("timings"), b.pop("timings")
-    assert a == b and "rounds_to/0.99" in a["headline"]
-    for name in ("rounds.csv", "sampled.csv"):
-        assert (ref / name).read_bytes() == (out / name).read_bytes(), name
+    _interrupt_and_resume(monkeypatch, cfg, FedMMD, out)
+    a, timings = _same_run(ref, out, ("rounds.csv", "sampled.csv"))
+    assert timings["resumed_after_rounds"] == [2] and "rounds_to/0.99" in a["headline"]
