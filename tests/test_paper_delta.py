@@ -382,3 +382,15 @@ def test_real_tiny_runs_end_to_end(tiny_data, tmp_path):
             assert row["delta"] == pytest.approx(row["ours"] - row["published"])
     md = (tmp_path / "rep/report.md").read_text()
     assert "fccl_plus Table XV: digits — PROXY: ours on rotmnist" in md
+
+
+def test_delta_text_names_the_best_validation_selection_only_when_it_was_used():
+    base = dict(scenario="rotmnist_a10", public="x", method="fedh2l", base_method="fedh2l", structure="st",
+                seed=0, round=1, participant="m0", arch="lenet", top5=1)
+    pooled = [dict(base, domain="pooled", kind=k, top1=0.8) for k in ("acc", "wdp", "cdp")]
+    val = [dict(base, domain="val", kind="val_acc", top1=0.8)]
+    local = [dict(base, domain="d", kind=k, top1=0.8) for k in ("inter", "intra")]
+    assert "best validation" in pdl.value_source(pd.DataFrame(pooled + val), last_k=3)
+    for rows in (pooled, local, local + val):  # no validation rows, or no pooled rows: the last rounds only
+        text = pdl.value_source(pd.DataFrame(rows), last_k=3)
+        assert text == "the mean of the last 3 rounds", rows

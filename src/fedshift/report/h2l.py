@@ -124,7 +124,8 @@ def to_markdown(long: pd.DataFrame, title: str, methods: Optional[Sequence[str]]
 def avg_markdown(long: pd.DataFrame, title: str) -> str:
     """The Avg columns alone: one row per (method, scenario), ours ± std, paper, Δ."""
     a = long[long["participant"] == "avg"]
-    lines = [f"### {title}", "", "| method | scenario | " + " | ".join(
+    lines = [f"### {title}", "", "Percent; ours = mean ± std over seeds (a spread, not a confidence interval); "
+             "Δ = ours - paper.", "", "| method | scenario | " + " | ".join(
         f"{m.upper()} ours | {m.upper()} paper | {m.upper()} Δ" for m in METRICS) + " | seeds |",
         "|---|---|" + "---:|" * (3 * len(METRICS)) + "---:|"]
     for (method, scen), g in a.groupby(["method", "scenario"]):

@@ -215,6 +215,18 @@ def pooled_selected(runs: pd.DataFrame, last_k: int = 3) -> pd.DataFrame:
     return out.rename(columns={"kind": "metric", "top1": "value"})[keys + ["metric", "value"]]
 
 
+def value_source(runs: pd.DataFrame, last_k: int = 3) -> str:
+    """What one run's value is, as the report's text says it: the mean of the last ``last_k`` rounds,
+    or, for the FedH2L ACC / WDP / CDP rows when the runs carry validation rows, the best-validation
+    evaluation (:func:`pooled_selected`)."""
+    text = f"the mean of the last {last_k} rounds"
+    kinds = set(runs["kind"].unique()) if len(runs) else set()
+    if kinds & set(POOLED) and "val_acc" in kinds:
+        text += (" (ACC / WDP / CDP: the evaluation with the best validation ACC, the earliest on ties; the "
+                 "paper keeps the model with the maximal ACC)")
+    return text
+
+
 def ours_long(runs: pd.DataFrame, last_k: int = 3, targets: Sequence[str] = ()) -> pd.DataFrame:
     """One row per (scenario, public, structure, method, seed, participant, metric): value in %.
 
@@ -822,7 +834,7 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
     schedules = _schedules()
     md = ["## Paper delta", "",
           "Ours: mean over seeds ± the 95% confidence half-width (Student t, n − 1 degrees of freedom; n shown) of "
-          f"the mean of the last {last_k} rounds, rounded once; an interval beyond 0 or 100 is printed clipped as "
+          f"{value_source(runs, last_k)}, rounded once; an interval beyond 0 or 100 is printed clipped as "
           f"`mean [low, high]`. Verdict against a margin of ±{margin:g} points (`report.margin`): **agrees within "
           "margin** when the 90% interval of Δ = ours − published lies inside ±margin (two one-sided t tests at 5%) "
           "and the 95% half-width is no wider than the margin; **differs** when the 95% interval of Δ lies wholly "
