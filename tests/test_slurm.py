@@ -416,8 +416,15 @@ def test_memory_is_enforced(cluster, tmp_path):
     jobid = res.stdout.strip().split(";")[0]
     _wait("the over-memory job to end", lambda: not _sh(["squeue", "-h", "-j", jobid], env=cluster.env,
                                                         check=False).stdout.strip(), 60)
-    time.sleep(2)
-    state = cluster.sacct().set_index("JobID").loc[jobid, "State"]
+    # slurmdbd records the ended job a moment after squeue drops it (seconds on a loaded machine)
+    states = {}
+
+    def recorded() -> bool:
+        states.update(cluster.sacct().set_index("JobID")["State"].to_dict())
+        return states.get(jobid, "PENDING").split()[0] not in ("PENDING", "RUNNING", "COMPLETING")
+
+    _wait(f"the accounting record of job {jobid}", recorded, 60)
+    state = states[jobid].split()[0]
     assert state in ("OUT_OF_MEMORY", "FAILED", "CANCELLED"), state
     assert (tmp_path / "hog.out").exists()
     assert "memory" in (tmp_path / "hog.out").read_text().lower() or state == "OUT_OF_MEMORY"
