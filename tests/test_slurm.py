@@ -424,7 +424,7 @@ def test_memory_is_enforced(cluster, tmp_path):
         return states.get(jobid, "PENDING").split()[0] not in ("PENDING", "RUNNING", "COMPLETING")
 
     _wait(f"the accounting record of job {jobid}", recorded, 60)
-    state = states[jobid].split()[0]
+    state = states[jobid]
     assert state in ("OUT_OF_MEMORY", "FAILED", "CANCELLED"), state
     assert (tmp_path / "hog.out").exists()
     assert "memory" in (tmp_path / "hog.out").read_text().lower() or state == "OUT_OF_MEMORY"
