@@ -9,7 +9,8 @@
 # path on 2 AVX2 cores. full: the published schedule (10,000 rounds, seeds 0-2): 30 runs, hours per path.
 # The runs are FedH2L, AGG and IND at alpha = 5/10/15 % and FedH2L (asynchronous) at 10 %; FedMD is left
 # out: it has no fused objective (fused_clients: on refuses it) and would run the same in both paths.
-# ROUNDS=<n> in the environment overrides the rounds (a smoke check of this script).
+# ROUNDS=<n> in the environment overrides the rounds (a smoke check of this script); SEEDS="[0]" overrides
+# the seeds (the published schedule on one seed: both paths fit one sitting of ~2-3 h on 2 cores).
 #
 # Runs in a scratch worktree of HEAD (results/ of this checkout are never touched); needs `dvc repro`
 # first (it copies build/). Prints one line per path and repeat: wall seconds, the runs' summed training
@@ -21,6 +22,8 @@ case $schedule in
   full) seeds="[0, 1, 2]"; overlays="" ;;
   *) echo "fedh2l_grid_time.sh: schedule must be quick or full, not '$schedule'" >&2; exit 2 ;;
 esac
+seeds=${SEEDS:-$seeds}
+[[ $seeds =~ ^\[[0-9]+(,\ ?[0-9]+)*\]$ ]] || { echo "fedh2l_grid_time.sh: SEEDS must be a list like [0] or [0, 1, 2], not '$seeds'" >&2; exit 2; }
 repo=$(git rev-parse --show-toplevel)
 [ -d "$repo/build/partitions/rotmnist_a10" ] || { echo "fedh2l_grid_time.sh: $repo/build/partitions/rotmnist_a10 missing: run dvc repro first" >&2; exit 2; }
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/fedh2l_grid_time.XXXXXX")
@@ -41,7 +44,7 @@ for p in off on; do
   } > "$scratch/fused_$p.yaml"
 done
 export MLFLOW_DISABLE_TELEMETRY=true
-echo "$(date -u +%FT%TZ) $schedule schedule, $repeats repeats, --cores $cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(grep -c -w avx512f /proc/cpuinfo) cores with AVX-512, commit $(git rev-parse --short HEAD)"
+echo "$(date -u +%FT%TZ) $schedule schedule, seeds $seeds${ROUNDS:+, $ROUNDS rounds}, $repeats repeats, --cores $cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(grep -c -w avx512f /proc/cpuinfo) cores with AVX-512, commit $(git rev-parse --short HEAD)"
 for rep in $(seq 1 "$repeats"); do
   for p in off on; do
     rm -rf results logs mlflow.db mlruns .snakemake/metadata
