@@ -14,7 +14,7 @@
 #
 # Runs in a scratch worktree of HEAD (results/ of this checkout are never touched); needs `dvc repro`
 # first (it copies build/). Prints one line per path and repeat: wall seconds, the runs' summed training
-# seconds, and which path each run's log says trained its clients.
+# seconds, and which path each run's log says trained its clients; then each run's training seconds.
 set -euo pipefail
 schedule=${1:-quick}; repeats=${2:-2}; cores=${3:-2}
 case $schedule in
@@ -57,5 +57,8 @@ for rep in $(seq 1 "$repeats"); do
     train=$(python -c "import json,glob; print(f\"{sum(json.load(open(f))['timings']['train_s'] for f in glob.glob('results/federate/*/none/*/homo_lenet/seed*/metrics.json')):.1f}\")")
     runs=$(ls results/federate/*/none/*/homo_lenet/seed*/metrics.json | wc -l)
     echo "repeat $rep fused_clients=$p: wall $(python -c "print(f'{$end - $start:.1f}')") s, $runs runs, summed train $train s; $paths"
+    python -c "import json,glob
+for f in sorted(glob.glob('results/federate/*/none/*/homo_lenet/seed*/metrics.json')):
+    print('  ' + f.split('/', 2)[2].rsplit('/', 1)[0] + ': train_s ' + format(json.load(open(f))['timings']['train_s'], '.1f'))"
   done
 done
