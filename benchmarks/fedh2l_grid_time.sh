@@ -54,11 +54,14 @@ for rep in $(seq 1 "$repeats"); do
     end=$(date +%s.%N)
     [ $rc -eq 0 ] || { tail -20 "$scratch/snakemake_$p$rep.log" >&2; exit $rc; }
     paths=$(grep -ho "clients train [a-z]* ([^)]*)" logs/federate/*/*/*/*/*.log | sort | uniq -c | xargs)
-    train=$(python -c "import json,glob; print(f\"{sum(json.load(open(f))['timings']['train_s'] for f in glob.glob('results/federate/*/none/*/homo_lenet/seed*/metrics.json')):.1f}\")")
-    runs=$(ls results/federate/*/none/*/homo_lenet/seed*/metrics.json | wc -l)
+    # one read of the runs' metrics.json: first line "<runs> <summed train_s>", then one line per run
+    per_run=$(python -c "import json,glob
+fs = sorted(glob.glob('results/federate/*/none/*/homo_lenet/seed*/metrics.json'))
+ts = [json.load(open(f))['timings']['train_s'] for f in fs]
+print(len(fs), format(sum(ts), '.1f'))
+for f, t in zip(fs, ts): print('  ' + f.split('/', 2)[2].rsplit('/', 1)[0] + ': train_s ' + format(t, '.1f'))")
+    read -r runs train <<< "${per_run%%$'\n'*}"
     echo "repeat $rep fused_clients=$p: wall $(python -c "print(f'{$end - $start:.1f}')") s, $runs runs, summed train $train s; $paths"
-    python -c "import json,glob
-for f in sorted(glob.glob('results/federate/*/none/*/homo_lenet/seed*/metrics.json')):
-    print('  ' + f.split('/', 2)[2].rsplit('/', 1)[0] + ': train_s ' + format(json.load(open(f))['timings']['train_s'], '.1f'))"
+    echo "${per_run#*$'\n'}"
   done
 done
