@@ -226,7 +226,10 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     method = create_method(cfg["base_method"], cfg["method_params"], cfg["scenario"], f"methods.{cfg['method']}")
     public_dir = Path(cfg["paths"]["public"]) if method.uses_public and cfg["paths"].get("public") else None
     verify_s = verify_inputs([Path(cfg["paths"]["partition"])] + ([public_dir] if public_dir else []))
-    data = load_federated(Path(cfg["paths"]["partition"]), public_dir, device, cfg.get("participants"))
+    # Validation data (a val split, or the partition's holdout left out of training: issue 36) when the
+    # run selects by it (engine.select: best_val) or is a tuning candidate.
+    data = load_federated(Path(cfg["paths"]["partition"]), public_dir, device, cfg.get("participants"),
+                          holdout=eng.select == "best_val" or "tune" in cfg)
     check_labels(data)
     archs = cfg["archs"]
     check_engine(method, eng)

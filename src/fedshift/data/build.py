@@ -7,6 +7,7 @@ half-written that a rerun would take for finished.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 from pathlib import Path
 from typing import Any, Mapping, Optional
@@ -19,6 +20,13 @@ from . import store
 from .registry import DATASETS, PUBLIC_SETS, SCENARIOS, FetchContext
 
 log = logging.getLogger(__name__)
+
+# Validation holdout (issue 36): the fraction of each participant's private data that a scenario
+# without a validation split keeps apart for tuning and best-validation selection (FLGo-Bench's
+# ``train_holdout`` = 0.2). Only the positions are stored (``private_holdout.npy``); a run uses them
+# when it asks for validation (data.loading.load_federated(holdout=True)), else trains on all of private.
+HOLDOUT = 0.2
+HOLDOUT_FILE = "private_holdout.npy"
 
 
 def _splits_of(folder: Path):
@@ -88,8 +96,12 @@ def build_public(name: str, dataset_dir: Path, out_dir: Path, overrides: Optiona
         return store.write_manifest(tmp, info)
 
 
-def partition(name: str, dataset_dirs: Mapping[str, Path], out_dir: Path, overrides: Optional[Mapping] = None) -> dict:
-    """Partition scenario ``name`` into participants under ``out_dir`` with an audited manifest."""
+def partition(name: str, dataset_dirs: Mapping[str, Path], out_dir: Path, overrides: Optional[Mapping] = None,
+              holdout: float = HOLDOUT) -> dict:
+    """Partition scenario ``name`` into participants under ``out_dir`` with an audited manifest.
+
+    ``holdout``: fraction of each participant's private split recorded as its validation holdout
+    when the scenario gives it no ``val`` split (0: none)."""
     from .audit import audit_partition, drop_leaks, split_hashes
 
     spec = SCENARIOS.get(name, key="scenarios")
@@ -117,6 +129,9 @@ def partition(name: str, dataset_dirs: Mapping[str, Path], out_dir: Path, overri
                 store.save_split(pdir, split, s.images, s.labels)
                 np.save(pdir / f"{split}_index.npy", np.asarray(s.index, dtype=np.int64))
                 participants[pname]["splits"][split] = {**store.split_summary(s.images, s.labels), "source": s.source}
+            held = record_holdout(pdir, part, holdout, getattr(params, "seed", 0), list(parts).index(pname))
+            if held:
+                participants[pname]["holdout"] = held
         info = {
             "kind": "partition",
             "name": name,
@@ -132,3 +147,20 @@ def partition(name: str, dataset_dirs: Mapping[str, Path], out_dir: Path, overri
             "audit": audit,
         }
         return store.write_manifest(tmp, info)
+
+
+def record_holdout(pdir: Path, part, fraction: float, seed: int, k: int) -> Optional[dict]:
+    """Write participant ``k``'s validation holdout (positions into its private split) and return
+    its manifest entry; None when the scenario has a ``val`` split, no private split, or fraction 0."""
+    from .scenarios.common import HOLDOUT_STREAM, holdout_positions
+
+    if not fraction or "val" in part.splits or "private" not in part.splits:
+        return None
+    priv = part.splits["private"]
+    pos = holdout_positions(priv.labels, float(fraction), seed, k)
+    np.save(Path(pdir) / HOLDOUT_FILE, pos.astype(np.int64))
+    classes, counts = np.unique(priv.labels[pos], return_counts=True)
+    return {"of": "private", "fraction": float(fraction), "n": int(len(pos)), "file": HOLDOUT_FILE,
+            "stream": [HOLDOUT_STREAM, int(seed), int(k)],
+            "class_counts": {str(int(c)): int(n) for c, n in zip(classes, counts)},
+            "source_index_sha256": hashlib.sha256(np.asarray(priv.index, dtype=np.int64)[pos].tobytes()).hexdigest()}

@@ -58,7 +58,10 @@ class FederatedData:
 
 
 def load_federated(partition_dir: Path, public_dir: Optional[Path] = None, device: str | torch.device = "cpu",
-                   participants: Optional[List[str]] = None) -> FederatedData:
+                   participants: Optional[List[str]] = None, holdout: bool = False) -> FederatedData:
+    """``holdout``: the run asks for validation data (tuning, ``engine.select: best_val``): a participant
+    without a ``val`` split gets its recorded validation holdout as ``val`` and trains on the rest of
+    its private split (:func:`split_holdout`); without it, the holdout stays in private (no change)."""
     partition_dir = Path(partition_dir)
     manifest = store.read_manifest(partition_dir)
     num_classes = store.check_num_classes(manifest, str(partition_dir / store.MANIFEST))
@@ -77,7 +80,10 @@ def load_federated(partition_dir: Path, public_dir: Optional[Path] = None, devic
             x, y = store.load_split(partition_dir / name, split)
             store.check_loaded(x, y, {"shape": list(shape), **info["splits"][split]}, num_classes,
                                f"participant {name!r} split {split!r}", partition_dir)
-            splits[split] = (torch.from_numpy(x).to(device), torch.from_numpy(y).to(device))
+            splits[split] = (x, y)
+        if holdout and "val" not in splits:
+            splits.update(split_holdout(splits, info, partition_dir / name, f"participant {name!r}"))
+        splits = {k: (torch.from_numpy(x).to(device), torch.from_numpy(y).to(device)) for k, (x, y) in splits.items()}
         clients.append(ClientData(name=name, domain=info["domain"], splits=splits))
     manifests = {f"partition/{manifest['name']}": store.sha256_file(partition_dir / store.MANIFEST)}
     public = None
@@ -95,3 +101,21 @@ def load_federated(partition_dir: Path, public_dir: Optional[Path] = None, devic
         scenario=manifest["name"], num_classes=num_classes, image_shape=shape,
         clients=clients, public=public, public_name=public_name, manifests=manifests,
     )
+
+
+def split_holdout(splits: Dict[str, Tuple[np.ndarray, np.ndarray]], info: dict, folder: Path, who: str):
+    """``private`` minus the participant's validation holdout, and the holdout as ``val`` (issue 36).
+    The positions file is one of the partition's hashed files (verified with the others before a run)."""
+    entry = info.get("holdout")
+    if not entry or "private" not in splits:
+        raise ConfigError(f"{who} of {folder.parent} has no validation split and no recorded holdout: "
+                          "set `holdout:` (a fraction > 0) in params/data.yaml and run `dvc repro`")
+    pos = np.load(folder / entry["file"])
+    x, y = splits["private"]
+    keep = np.ones(len(y), dtype=bool)
+    keep[pos] = False
+    if int((~keep).sum()) != int(entry["n"]):
+        raise ConfigError(f"{folder / entry['file']}: {int((~keep).sum())} holdout rows, the manifest says "
+                          f"{entry['n']}; rebuild it with `dvc repro`")
+    return {"private": (np.ascontiguousarray(x[keep]), np.ascontiguousarray(y[keep])),
+            "val": (np.ascontiguousarray(x[pos]), np.ascontiguousarray(y[pos]))}

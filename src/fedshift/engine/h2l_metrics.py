@@ -94,7 +94,15 @@ def validation_acc(fed) -> Tuple[List[dict], Dict[str, float]]:
         rows.append({"participant": c.name, "arch": c.arch, "domain": "val", "kind": "val_acc",
                      "top1": acc[1], "top5": acc[5]})
         out[f"{c.name}/val/acc"] = acc[1]
-    out["avg/val/acc"] = float(np.mean([out[f"{c.name}/val/acc"] for c in fed.clients]))
+        # FCCL+ Eq. 21-22 on validation data (tuning's selection metrics, issue 36): own domain, the
+        # mean over the other domains, and their mean; free: the per-domain accuracies are at hand.
+        others = [per[d][1] for d in per if d != c.domain]
+        intra = per[c.domain][1] if c.domain in per else float("nan")
+        inter = float(np.mean(others)) if others else float("nan")
+        out.update({f"{c.name}/val/intra/top1": intra, f"{c.name}/val/inter/top1": inter,
+                    f"{c.name}/val/mean/top1": (intra + inter) / 2 if others else intra})
+    for key in ("acc", "intra/top1", "inter/top1", "mean/top1"):
+        out[f"avg/val/{key}"] = float(np.mean([out[f"{c.name}/val/{key}"] for c in fed.clients]))
     return rows, out
 
 

@@ -165,3 +165,19 @@ def stratified_split_exact(labels: np.ndarray, fractions: Dict[str, float], rng:
             start += alloc[name][i]
         out[rest].append(rows[start:])
     return {k: np.sort(np.concatenate(v)).astype(np.int64) if v else np.empty(0, np.int64) for k, v in out.items()}
+
+
+HOLDOUT_STREAM = 36  # entropy word of the validation-holdout draws (issue 36): independent of every scenario stream
+
+
+def holdout_positions(labels: np.ndarray, fraction: float, seed: int, participant: int) -> np.ndarray:
+    """Positions (sorted, into ``labels``) of a stratified validation holdout of ``fraction`` of the
+    rows: exactly ``round(fraction * N)`` rows, per class as :func:`stratified_split_exact` deals them.
+
+    Drawn from its own stream ``[HOLDOUT_STREAM, seed, participant]``, so the holdout is the same on
+    every machine and changes nothing of the rows the scenario itself draws (FLGo-Bench holds out 20 %
+    of each client's training data for tuning: ``train_holdout``)."""
+    if not 0.0 <= fraction < 1.0:
+        raise ConfigError(f"holdout: {fraction} is not a fraction in [0, 1)")
+    rng = np.random.default_rng([HOLDOUT_STREAM, int(seed), int(participant)])
+    return stratified_split_exact(np.asarray(labels), {"val": fraction}, rng)["val"]
