@@ -9,7 +9,7 @@ import pytest
 
 from fedshift.errors import ConfigError
 
-PERMUTED = {"clients": 2, "test": 0.9, "seed": 0}  # 2 clients x 250 private images of MNIST 5k (10 % kept)
+PERMUTED = {"clients": 2, "test": 0.8, "seed": 0}  # 2 clients x 500 private images of MNIST 5k
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +68,168 @@ def test_holdout_is_deterministic_and_leaves_val_scenarios_alone(permuted, tiny_
 
     with pytest.raises(ConfigError, match="no validation split and no recorded holdout"):
         load_federated(none, holdout=True)
+
+
+# --------------------------------------------------------------------------- the tune block
+def _relabel_test(folder):
+    """Shift every test label by one class (manifest rewritten): a model that learned the task is then
+    worse on test than one that learned nothing, so the test winner and the validation winner differ."""
+    from fedshift.data import store
+
+    man = json.loads((folder / "manifest.json").read_text())
+    for name, info in man["participants"].items():
+        x, y = store.load_split(folder / name, "test")
+        y = (y + 1) % 10
+        store.save_split(folder / name, "test", x, y)
+        info["splits"]["test"] = {**store.split_summary(x, y), "source": info["splits"]["test"]["source"]}
+    (folder / "manifest.json").unlink()
+    man.pop("files")
+    store.write_manifest(folder, man)
+
+
+def _grid(tune, **engine):
+    return {"engine": {"rounds": 3, "local_epochs": 1, "local_batch": 64, "optimizer": "adam",
+                       "device": "cpu", "threads": 1, "eval_batch": 1024, "checkpoint_min_s": 0, **engine},
+            "grid": [{"scenarios": ["mnist5k_permuted"], "methods": ["fedavg"], "structures": ["homo_lenet"],
+                      "seeds": [0, 1]}],
+            "tune": tune}
+
+
+def _plan(grid, tmp_path, build_root):
+    from fedshift.experiments import load_experiments
+    from fedshift.tune import plan_tune
+
+    plan = load_experiments(grid, {"scenarios": {"mnist5k_permuted": SINGLE}}, results=str(tmp_path / "results"),
+                            build=str(build_root))
+    return plan, plan_tune(grid, plan, results=str(tmp_path / "results"))
+
+
+SINGLE = {"clients": 1, "test": 0.3, "seed": 0}  # one client: FedAvg is plain training, it learns in 2 rounds
+
+
+@pytest.fixture(scope="module")
+def relabelled(tiny_data, tmp_path_factory):
+    from fedshift.data import build
+
+    root = tmp_path_factory.mktemp("relabelled")
+    build.partition("mnist5k_permuted", {"mnist5k": tiny_data / "datasets/mnist5k"},
+                    root / "partitions/mnist5k_permuted", SINGLE)
+    _relabel_test(root / "partitions/mnist5k_permuted")
+    return root
+
+
+def test_the_validation_winner_is_chosen_not_the_test_winner(relabelled, tmp_path):
+    """Adam lr 1e-3 learns (best on validation); lr 1e-7 learns nothing and so is best on the relabelled
+    test set: the tune must choose 1e-3, and the seeded runs must then train with it."""
+    from fedshift import tune
+
+    grid = _grid({"budget": {"rounds": 2, "seeds": [7], "patience": 0}, "metric": "avg/val/acc",
+                  "methods": {"fedavg": {"engine.lr": [1e-7, 1e-3]}}})
+    plan, tp = _plan(grid, tmp_path, relabelled)
+    assert len(tp.candidates) == 2 and len(tp.groups) == 1
+    files = []
+    for key, cfg in tp.candidates.items():
+        assert cfg["engine"]["rounds"] == 2 and cfg["engine"]["select"] == "best_val" and cfg["seed"] == 7
+        out = tmp_path / "results/tune" / key
+        tune.run_candidate(cfg, out)
+        files.append(out / "metrics.json")
+    chosen = tune.select(files)
+    by_lr = {c["values"]["engine.lr"]: c for c in chosen["candidates"]}
+    tests = {}
+    for f in files:
+        m = json.loads(f.read_text())
+        lr = json.loads(json.dumps(__import__("yaml").safe_load((f.parent / "config.yaml").read_text())["engine"]["lr"]))
+        tests[lr] = m["tune"]["test_at_best"]["avg/intra/top1"]
+    assert by_lr[1e-3]["score"] > by_lr[1e-7]["score"] + 0.1  # clearly best on validation (0.29 vs 0.10) ...
+    assert tests[1e-7] > tests[1e-3] + 0.05  # ... while the other is best on test (0.11 vs 0.02)
+    assert chosen["chosen"] == {"engine.lr": 1e-3}
+    (seeded,) = [c for j, c in plan.federate.items() if j.seed == 0]
+    assert seeded["tuned"]["file"].endswith("mnist5k_permuted/none/fedavg/homo_lenet/chosen.yaml")
+    path = tmp_path / "chosen.yaml"
+    path.write_text(__import__("yaml").safe_dump(chosen))
+    applied = tune.apply_chosen({**seeded, "tuned": {**seeded["tuned"], "file": str(path)}})
+    assert applied["engine"]["lr"] == 1e-3 and applied["engine"]["rounds"] == 3
+    assert applied["tuned"]["chosen"] == {"engine.lr": 1e-3}
+
+
+def _fake_candidate(root, cid, index, seed, values, score, diverged=False):
+    import yaml
+
+    d = root / cid / f"seed{seed}"
+    d.mkdir(parents=True)
+    cfg = {"scenario": "s", "public": "none", "method": "m", "structure": "homo_lenet", "seed": seed,
+           "engine": {"rounds": 4}, "tune": {"candidate": cid, "index": index, "values": values,
+                                             "metric": "avg/val/acc", "patience": 2}}
+    (d / "config.yaml").write_text(yaml.safe_dump(cfg))
+    m = {"diverged": True, "error": "loss nan"} if diverged else {"tune": {"score": score, "best_round": 2}}
+    (d / "metrics.json").write_text(json.dumps(m))
+    return d / "metrics.json"
+
+
+def test_select_averages_seeds_marks_divergence_and_breaks_ties_by_order(tmp_path):
+    from fedshift.tune import select, table_rows
+
+    files = [_fake_candidate(tmp_path, "ca", 0, 0, {"engine.lr": 0.001}, 0.5),
+             _fake_candidate(tmp_path, "ca", 0, 1, {"engine.lr": 0.001}, 0.7),
+             _fake_candidate(tmp_path, "cb", 1, 0, {"engine.lr": 0.01}, 0.6),
+             _fake_candidate(tmp_path, "cb", 1, 1, {"engine.lr": 0.01}, 0.6),
+             _fake_candidate(tmp_path, "cc", 2, 0, {"engine.lr": 1.0}, None, diverged=True),
+             _fake_candidate(tmp_path, "cc", 2, 1, {"engine.lr": 1.0}, 0.9)]
+    out = select(files)
+    assert out["chosen"] == {"engine.lr": 0.001} and out["score"] == pytest.approx(0.6)  # tie 0.6: first in order
+    status = {c["id"]: c["status"] for c in out["candidates"]}
+    assert status == {"ca": "ok", "cb": "ok", "cc": "diverged"}  # 0.9 on one seed cannot rescue a divergence
+    p = tmp_path / "chosen.yaml"
+    p.write_text(__import__("yaml").safe_dump(out))
+    (row,) = table_rows([p])
+    assert row["candidates"] == "0.001 0.01 1.0" and row["diverged"] == 1 and "cc:diverged" in row["scores"]
+    with pytest.raises(ConfigError, match="every candidate diverged"):
+        select([files[4]])
+
+
+def test_early_stopping_and_score_use_validation_only():
+    from fedshift.tune import score, should_stop
+
+    hist = [{"avg/val/acc": v, "avg/intra/top1": 1 - v} for v in (0.2, 0.5, 0.4, 0.45, 0.3)]
+    assert not should_stop(hist[:3], "avg/val/acc", 2) and should_stop(hist[:4], "avg/val/acc", 2)
+    assert not should_stop(hist, "avg/val/acc", 0)
+    s = score(hist, [1, 2, 3, 4, 5], "avg/val/acc")
+    assert s["score"] == 0.5 and s["best_round"] == 2 and s["test_at_best"]["avg/intra/top1"] == 0.5
+
+
+@pytest.mark.parametrize("tune, match", [
+    ({"metric": "avg/inter/top1", "methods": {"fedavg": {"engine.lr": [0.1]}}}, "tune.metric: 'avg/inter/top1' is not a validation metric"),
+    ({"methods": {"fedprox": {"mu": [0.1]}}}, r"tune.methods: \['fedprox'\] not run by the grid"),
+    ({"methods": {"fedavg": {"engine.lr": {"log": [0, 0.1], "num": 3}}}}, r"tune.methods.fedavg.engine.lr: \{log"),
+    ({"methods": {"fedavg": {"engine.lrr": [0.1]}}}, r"engine.lrr: unknown key \(did you mean 'lr'\?\)"),
+    ({"methods": {"fedavg": {"mu": [0.1]}}}, r"mu: unknown key"),
+    ({"methods": {"fedavg": {}}}, "nothing to search"),
+    ({"budget": {"seeds": []}, "methods": {"fedavg": {"engine.lr": [0.1]}}}, "tune.budget.seeds"),
+])
+def test_bad_tune_blocks_fail_in_one_line_naming_the_key(tune, match, tmp_path):
+    with pytest.raises(ConfigError, match=match) as exc:
+        _plan(_grid(tune), tmp_path, tmp_path)
+    assert "\n" not in str(exc.value)
+
+
+def test_log_ranges_and_declared_search_spaces():
+    from dataclasses import dataclass, field
+
+    from fedshift.tune import candidate_values, candidates, declared_space, method_space
+
+    assert candidate_values({"log": [0.001, 0.1], "num": 3}, "x") == [0.001, 0.01, 0.1]
+
+    @dataclass(frozen=True)
+    class P:
+        mu: float = field(default=0.01, metadata={"search": [0.001, 0.1]})
+        other: int = 1
+
+    class ByField:
+        name, Params = "byfield", P
+
+    class ByAttr:
+        name, Params, search_space = "byattr", P, {"other": [1, 2]}
+
+    assert declared_space(ByField) == {"mu": [0.001, 0.1]} and declared_space(ByAttr) == {"other": [1, 2]}
+    space = method_space({"common": {"engine.lr": [0.01, 0.1]}, "methods": {"byfield": None}}, "byfield", ByField)
+    assert list(space) == ["engine.lr", "mu"] and len(candidates(space)) == 4

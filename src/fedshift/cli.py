@@ -199,6 +199,11 @@ def _run_job(kind: str, args) -> None:
     cfg = yaml.safe_load(Path(args.config).read_text())
     apply_thread_allocation(cfg, kind, getattr(args, "threads", None))
     fn = runner.run_pretrain if kind == "pretrain" else runner.run_federate
+    if kind == "federate":  # issue 36: a tuned run takes its chosen values; a candidate records divergence
+        from . import tune
+
+        cfg = tune.apply_chosen(cfg)
+        fn = tune.run_candidate if "tune" in cfg else fn
     if args.no_tracking or os.environ.get("FEDSHIFT_TRACKING", "mlflow") == "none":
         fn(cfg, Path(args.out))
         return
@@ -216,6 +221,10 @@ def _run_job(kind: str, args) -> None:
         if not tracker.resumed:
             tracker.log_params(flatten({k: v for k, v in cfg.items() if k not in ("paths",)}))
             tracker.log_params(environment_params())
+            if cfg.get("tuned") or cfg.get("tune"):  # issue 36: what was tuned and how, as tags too
+                from .tune import mlflow_tags
+
+                tracker.set_tags(mlflow_tags(cfg))
         t0 = time.time()
         metrics = fn(cfg, Path(args.out), tracker)
         last = (cfg.get("engine") or {}).get("rounds") or (cfg.get("pretrain") or {}).get("epochs")

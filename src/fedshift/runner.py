@@ -47,6 +47,7 @@ from .errors import ConfigError, RunError
 from .methods import create_method
 from .models import create_model
 from .tracking import NullTracker
+from . import tune  # issue 36: early stopping and the validation score of tuning candidates
 
 log = logging.getLogger(__name__)
 
@@ -310,6 +311,9 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
             history.append(summ)
             eval_rounds.append(r)
             prog(r, f"inter top1 {summ['avg/inter/top1']:.3f} intra top1 {summ['avg/intra/top1']:.3f}")
+            if "tune" in cfg and tune.should_stop(history, cfg["tune"]["metric"], cfg["tune"]["patience"]):
+                prog(r, f"early stop: no better {cfg['tune']['metric']} in {cfg['tune']['patience']} evaluations")
+                break  # a tuning candidate (issue 36): its score is the best validation round so far
         g_rows = global_eval(r, tracker)
         all_rows.extend(g_rows)
         if g_rows and not eng.participant_eval:
@@ -342,6 +346,8 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
               "for a non-finite loss (engine.on_nonfinite: skip_batch)", flush=True)
     if eng.select == "best_val":  # FedH2L § IV-A model selection
         metrics["headline"], metrics["selected_rounds"] = h2l_metrics.best_val_headline(history, eval_rounds)
+    if "tune" in cfg:  # a tuning candidate's validation score (fedshift.tune.select reads it)
+        metrics["tune"] = tune.score(history, eval_rounds, cfg["tune"]["metric"])
     metrics.update(getattr(method, "run_summary", lambda fed: {})(fed))  # e.g. FedH2L's communication bytes
     states: Dict[int, Dict[str, torch.Tensor]] = {}  # a model shared by clients (server_model) is stored once
     for c in fed.clients:

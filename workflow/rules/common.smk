@@ -38,6 +38,9 @@ if _USER_FILES:
 validate(GRID, schema="../schemas/experiments.schema.yaml")
 try:
     PLAN = load_experiments(GRID, DATA_PARAMS)
+    from fedshift.tune import plan_tune  # issue 36: the grid's tune block (rules/tune.smk), before the configs
+
+    TUNE = plan_tune(GRID, PLAN)
 except ConfigError as exc:
     raise WorkflowError(f"fedshift: error: {exc}") from None
 
@@ -87,6 +90,8 @@ def federate_inputs(wc):
         inputs["public"] = f"{cfg['paths']['public']}/manifest.json"
     for i, ckpt in enumerate(cfg["paths"]["pretrained"] or []):
         inputs[f"pretrained_{i}"] = ckpt
+    if cfg.get("tuned"):  # issue 36: the values chosen on validation (rules/tune.smk)
+        inputs["tuned"] = cfg["tuned"]["file"]
     return inputs
 
 

@@ -40,13 +40,14 @@ rule report:
         config=REPORT_CONFIG,
         published=PUBLISHED_CSVS,
         claims=CLAIMS,
+        tuned=TUNED_TABLE,  # issue 36: the tuned table (rules/tune.smk), [] when the grid tunes nothing
     output:
         report(
             directory(REPORT_DIR),
             patterns=[
                 "{kind,[a-z0-9]+(?:_[a-z0-9]+)*}__{group}.png",
                 "{kind,[a-z0-9]+(?:_[a-z0-9]+)*}__{group}.csv",
-                "{kind,report|claims|delta_summary|published_flags|h2l_selected}.{ext,md|csv}",
+                "{kind,report|claims|delta_summary|published_flags|h2l_selected|tuned}.{ext,md|csv}",
             ],
             caption="../report/results.rst",
             category="{kind}",

@@ -35,6 +35,17 @@ def load_run(run_dir: Path) -> pd.DataFrame:
     for col in ID_COLUMNS:
         df[col] = cfg.get(col)
     df["local_epochs"] = (cfg.get("engine") or {}).get("local_epochs")  # the schedule a proxy section states
+    # engine.select: best_val (issue 36): each participant's evaluation with the best validation ACC
+    # (metrics.json selected_rounds) is the run's headline in the report, instead of the last-k mean.
+    select = (cfg.get("engine") or {}).get("select", "last_k")
+    df["select"] = select
+    chosen = {}
+    if select == "best_val":
+        import json
+
+        chosen = json.loads((run_dir / "metrics.json").read_text()).get("selected_rounds") or {}
+    df["selected_round"] = df["participant"].map(chosen) if chosen else float("nan")
+    df["tuned"] = bool(cfg.get("tuned"))  # its values were chosen on validation (fedshift.tune)
     return df
 
 
@@ -76,7 +87,8 @@ def collect(run_dirs: Iterable[Path], out: Path, pretrain_dirs: Iterable[Path] =
             cfgs.append((yaml.safe_load((d / "config.yaml").read_text()), int(load_run(d)["round"].max())))
         frames.append(pretrain_rows(cfgs, pretrain_dirs))
     df = pd.concat(frames, ignore_index=True)
-    cols = ID_COLUMNS + ["round", "participant", "arch", "domain", "kind", "top1", "top5", "local_epochs"]
+    cols = ID_COLUMNS + ["round", "participant", "arch", "domain", "kind", "top1", "top5", "local_epochs",
+                         "select", "selected_round", "tuned"]
     df = df.reindex(columns=list(dict.fromkeys(list(df.columns) + cols)))
     df = df[cols].sort_values(["scenario", "public", "structure", "method", "seed", "round", "participant", "domain"])
     atomic_write_text(Path(out), df.to_csv(index=False))

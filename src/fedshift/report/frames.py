@@ -26,7 +26,39 @@ def headline_frame(df: pd.DataFrame, last_k: int = 3) -> pd.DataFrame:
     last = per_round.groupby(["scenario", "public", "structure", "method", "seed"])["round"].transform(
         lambda r: r.isin(sorted(r.unique())[-last_k:]))
     tail = per_round[last]
+    if "selected_round" in df.columns and df["selected_round"].notna().any():
+        tail = _best_val_rows(df, per_round, tail, keys)
     return tail.groupby(keys[:5] + ["participant", "kind"], as_index=False)[["top1", "top5"]].mean()
+
+
+def _best_val_rows(df: pd.DataFrame, per_round: pd.DataFrame, tail: pd.DataFrame, keys) -> pd.DataFrame:
+    """Runs with ``engine.select: best_val`` (issue 36; FLGo-Bench's optimal_gtest_by_gval, FedH2L § IV-A):
+    each participant's rows at its best-validation round replace that run's last-k rows."""
+    run, part = keys[:5], keys[:5] + ["participant"]
+    chosen = df.dropna(subset=["selected_round"])[part + ["selected_round"]].drop_duplicates()
+    m = per_round.merge(chosen, on=part, how="inner")
+    best = m[m["round"] == m["selected_round"]].drop(columns="selected_round")
+    selected_runs = chosen[run].drop_duplicates()
+    rest = tail.merge(selected_runs, on=run, how="left", indicator=True)
+    rest = rest[rest["_merge"] == "left_only"].drop(columns="_merge")
+    return pd.concat([rest, best], ignore_index=True)
+
+
+def selection_note(df: pd.DataFrame, last_k: int) -> str:
+    """The line a results table prints under it: how its numbers were selected, and which rows were
+    tuned (issue 36)."""
+    sel = sorted(set(df.loc[df.get("select", pd.Series(dtype=str)) == "best_val", "method"])) if "select" in df else []
+    rest = sorted(set(df["method"]) - set(sel))
+    parts = []
+    if rest:
+        parts.append(f"mean of the last {last_k} rounds: {', '.join(rest)}")
+    if sel:
+        parts.append(f"test accuracy at each participant's best-validation round (select: best_val): {', '.join(sel)}")
+    line = "Selection: " + "; ".join(parts) + "."
+    if "tuned" in df.columns and df["tuned"].fillna(False).astype(bool).any():
+        tuned = sorted(set(df.loc[df["tuned"].fillna(False).astype(bool), "method"]))
+        line += f" Tuned on the validation holdout (tuned.csv): {', '.join(tuned)}."
+    return line
 
 
 def participant_archs(df: pd.DataFrame) -> dict:

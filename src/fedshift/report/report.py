@@ -24,6 +24,7 @@ import pandas as pd
 
 from ..data.store import atomic_dir
 from .frames import headline_frame, participant_archs  # noqa: F401 (headline_frame: public here too)
+from .frames import selection_note
 from .frames import topk as _topk
 from .stats import fmt_interval, half_width
 
@@ -170,6 +171,8 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
                 ci = ci_table(sd, t["seeds"])
                 ci.to_csv(tmp / f"ci_table_{kind}__{slug}.csv")  # 95% CI half-width, same layout
                 md.append(to_markdown(t, f"{tname} {metric}: {scen} / public {pub} / {struct}", ci, archs))
+            md.append(selection_note(sub[sub["method"] != "base_pretrain"], last_k)
+                      + tuned_budget(report_cfg, sub) + "\n")  # issue 36: which selection, which rows tuned
             curves_figure(sub, tmp / f"curves__{slug}.png", f"{scen} / public {pub} / {struct}")
             md.append(f"![curves](curves__{slug}.png)\n")
         named = {}  # (table name, scenario, public, structure) -> (table, std): ablation bar charts
@@ -194,6 +197,7 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
                                           participant_archs(sub[sub["method"] != "base_pretrain"])))
                 pd.concat(both, axis=1).to_csv(tmp / f"{spec['name']}__{_slug(scen, pub, struct)}.csv")
                 named[(spec["name"], scen, pub, struct)] = (pd.concat(both, axis=1), pd.concat(stds, axis=1))
+        md += tuned_section(report_cfg, tmp)  # issue 36: the values chosen on validation, every candidate's score
         from .paper_delta import delta_report  # published tables (report.published) and the papers' claims
 
         md += delta_report(full, report_cfg, tmp, last_k)
@@ -216,3 +220,35 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
             for p in final:
                 tr.log_artifact(p)
     return final
+
+
+def tuned_budget(report_cfg: Dict, sub: pd.DataFrame) -> str:
+    """`` Budget: ...`` for a group whose rows include tuned runs (issue 36), else ''."""
+    t = (report_cfg or {}).get("tuned")
+    if not t or "tuned" not in sub.columns or not sub["tuned"].fillna(False).astype(bool).any():
+        return ""
+    b = t.get("budget") or {}
+    return (f" Tuning budget per candidate: {b.get('rounds')} rounds, tuning seeds {b.get('seeds')}, early-stopping "
+            f"patience {b.get('patience')} evaluations, selected by {t.get('metric')} on validation.")
+
+
+def tuned_section(report_cfg: Dict, out: Path) -> List[str]:
+    """The ``tuned`` table (method, parameter, candidates, chosen, validation score; every candidate's score
+    in ``scores``), copied into the report as ``tuned.csv``."""
+    t = (report_cfg or {}).get("tuned")
+    if not t or not Path(t["table"]).exists():
+        return []
+    df = pd.read_csv(t["table"])
+    df.to_csv(Path(out) / "tuned.csv", index=False)
+    b = t.get("budget") or {}
+    lines = ["## Tuned hyper-parameters", "",
+             f"Chosen on the validation holdout by {t.get('metric')} (best evaluation of each candidate, mean over "
+             f"tuning seeds {b.get('seeds')}; {b.get('rounds')} rounds, early-stopping patience {b.get('patience')}); "
+             "test data never seen. `scores`: every candidate's validation score (%) by id, `diverged` where its "
+             "loss or weights became non-finite (docs/tuning.md).", "",
+             "| scenario | public | method | structure | parameter | candidates | chosen | val score (%) | scores |",
+             "|---|---|---|---|---|---|---|---:|---|"]
+    for r in df.itertuples(index=False):
+        lines.append(f"| {r.scenario} | {r.public} | {r.method} | {r.structure} | {r.parameter} | {r.candidates} | "
+                     f"{r.chosen} | {r.val_score:.2f} | {r.scores} |")
+    return lines + [""]

@@ -1,0 +1,416 @@
+"""Tune, then run (issue 36): every method's unstated hyper-parameters searched on a validation
+holdout by the same budget, the chosen values published, then the grid's seeded runs.
+
+The protocol is FLGo-Bench's (Wang et al., WwZzz/FLGo, ``tune.py`` / ``run.py``): a grid of
+candidates (lr in {0.001 ... 0.1} and each algorithm's own parameters) is trained on each
+participant's private data minus a 20 % holdout, scored on that holdout with early stopping,
+and the best candidate's values are what the seeded runs use; test data are never read to
+choose. Here a grid's ``tune:`` block says what to search::
+
+    tune:
+      metric: avg/val/mean/top1            # selection metric on validation (VAL_METRICS)
+      budget: {rounds: 8, seeds: [100], patience: 3}
+      common: {engine.lr: {log: [0.001, 0.1], num: 3}}   # searched for every tuned method
+      methods:                             # method or variant label -> its own search space
+        fedavg: {}                         # {} / null: common + the method's declared space
+        fedprox: {mu: [0.001, 0.01, 0.1]}  # explicit: replaces the declared space
+
+A key ``engine.<k>`` sets EngineConfig ``<k>``; any other key a field of the method's Params.
+Candidates are the Cartesian product; values are lists or ``{log: [low, high], num: n}``.
+
+* :func:`plan_tune` expands the block over the grid's (scenario, public, method, structure)
+  groups into candidate configs (ordinary federate configs with the budget's rounds,
+  ``select: best_val`` and a ``tune`` entry) and marks each tuned seeded config with
+  ``tuned.file``: the group's ``chosen.yaml``, an input of its jobs.
+* A candidate runs as ``fedshift federate`` (checkpointed, resumable, one SLURM job each);
+  :func:`run_candidate` records a diverged candidate as diverged instead of failing the workflow.
+* :func:`select` (``python -m fedshift.tune select``) writes ``chosen.yaml``: every candidate's
+  validation score per seed, diverged ones marked, the best by mean score (first on ties).
+* :func:`apply_chosen` puts the chosen values into a seeded run's config before it starts
+  (so they are in its config.yaml, its checkpoint hash and its MLflow params).
+
+A method (a plugin too) declares its own search space without editing fedshift: a class
+attribute ``search_space = {"mu": [0.001, 0.01, 0.1]}``, or a Params field
+``mu: float = field(default=0.01, metadata={"search": [0.001, 0.01, 0.1]})``.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import itertools
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import yaml
+
+from .errors import ConfigError
+
+# Validation metrics an evaluation writes (engine.h2l_metrics.validation_acc): the pooled ACC of
+# FedH2L, and FCCL+ Eq. 21-22 on validation data (own domain, other domains, their mean).
+VAL_METRICS = ("avg/val/mean/top1", "avg/val/inter/top1", "avg/val/intra/top1", "avg/val/acc")
+DEFAULT_METRIC = "avg/val/mean/top1"  # FCCL+ tables lead with AVG inter and intra: their mean
+DEFAULT_BUDGET = {"rounds": 10, "seeds": [0], "patience": 0, "eval_every": 1}
+
+
+# ----------------------------------------------------------------------------- search space
+def candidate_values(spec: Any, where: str) -> List[Any]:
+    """A list of candidate values, or ``{log: [low, high], num: n}``: n log-spaced values, both ends in."""
+    if isinstance(spec, list):
+        if not spec:
+            raise ConfigError(f"{where}: an empty candidate list; give at least one value")
+        return list(spec)
+    if isinstance(spec, Mapping) and set(spec) == {"log", "num"}:
+        lo_hi, num = spec["log"], spec["num"]
+        if (not isinstance(lo_hi, list) or len(lo_hi) != 2 or not all(isinstance(v, (int, float)) for v in lo_hi)
+                or min(lo_hi) <= 0 or not isinstance(num, int) or num < 1):
+            raise ConfigError(f"{where}: {{log: [low, high], num: n}} needs 0 < low, high and an integer n >= 1, "
+                              f"got {dict(spec)}")
+        lo, hi = (math.log10(v) for v in lo_hi)
+        if num == 1:
+            return [float(lo_hi[0])]
+        return [float(f"{10 ** (lo + (hi - lo) * i / (num - 1)):.6g}") for i in range(num)]
+    raise ConfigError(f"{where}: expected a list of values or {{log: [low, high], num: n}}, got {spec!r}")
+
+
+def declared_space(cls) -> Dict[str, list]:
+    """A method's own search space: ``search_space`` class attribute, else Params fields' ``search`` metadata."""
+    space = dict(getattr(cls, "search_space", None) or {})
+    if not space and dataclasses.is_dataclass(getattr(cls, "Params", None)):
+        for f in dataclasses.fields(cls.Params):
+            if "search" in f.metadata:
+                space[f.name] = list(f.metadata["search"])
+    return space
+
+
+def method_space(tune: Mapping, label: str, cls) -> Dict[str, List[Any]]:
+    """The search space of grid method ``label`` (ordered: common keys first)."""
+    entry = (tune.get("methods") or {}).get(label)
+    own = dict(entry or {}) or declared_space(cls)
+    space = {**(tune.get("common") or {}), **own}
+    if not space:
+        raise ConfigError(f"tune.methods.{label}: nothing to search: list parameters here or under tune.common, "
+                          f"or declare a search_space on method {cls.name!r}")
+    return {k: candidate_values(v, f"tune.methods.{label}.{k}") for k, v in space.items()}
+
+
+def candidates(space: Mapping[str, List[Any]]) -> List[Dict[str, Any]]:
+    keys = list(space)
+    return [dict(zip(keys, combo)) for combo in itertools.product(*(space[k] for k in keys))]
+
+
+def candidate_id(values: Mapping[str, Any]) -> str:
+    """A stable folder name for a candidate: ``c`` + 8 hex digits of its values (order-free)."""
+    text = json.dumps({k: values[k] for k in sorted(values)}, sort_keys=True, default=str)
+    return "c" + hashlib.sha256(text.encode()).hexdigest()[:8]
+
+
+def _budget(tune: Mapping) -> Dict[str, Any]:
+    b = {**DEFAULT_BUDGET, **(tune.get("budget") or {})}
+    for key in ("rounds", "eval_every"):
+        if not isinstance(b[key], int) or b[key] < 1:
+            raise ConfigError(f"tune.budget.{key}: {b[key]!r} must be an integer >= 1")
+    if not isinstance(b["patience"], int) or b["patience"] < 0:
+        raise ConfigError(f"tune.budget.patience: {b['patience']!r} must be an integer >= 0 (0: no early stopping)")
+    if (not isinstance(b["seeds"], list) or not b["seeds"]
+            or not all(isinstance(s, int) and s >= 0 for s in b["seeds"])):
+        raise ConfigError(f"tune.budget.seeds: {b['seeds']!r} must be a non-empty list of integers >= 0")
+    return b
+
+
+def apply_values(cfg: dict, values: Mapping[str, Any], where: str) -> dict:
+    """``cfg`` (a resolved federate config) with ``values`` set and re-resolved, so a wrong key or
+    value fails here in one line naming it (the dataclasses' own checks)."""
+    from .config import resolve, to_dict
+    from .engine.config import EngineConfig
+    from .methods import resolve_method_params
+
+    out = copy.deepcopy(cfg)
+    eng, mp = dict(out["engine"]), dict(out["method_params"])
+    for key, value in values.items():
+        if key.startswith("engine."):
+            eng[key[len("engine."):]] = value
+        else:
+            mp[key] = value
+    out["engine"] = to_dict(resolve(EngineConfig, eng, f"{where} engine"))
+    out["method_params"] = to_dict(resolve_method_params(out["base_method"], mp, out["scenario"], where))
+    return out
+
+
+# ----------------------------------------------------------------------------- planning
+@dataclasses.dataclass(frozen=True)
+class TuneGroup:
+    scenario: str
+    public: str
+    method: str
+    structure: str
+
+    @property
+    def path(self) -> str:
+        return f"{self.scenario}/{self.public}/{self.method}/{self.structure}"
+
+
+@dataclasses.dataclass
+class TunePlan:
+    metric: str = DEFAULT_METRIC
+    budget: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    candidates: Dict[str, dict] = dataclasses.field(default_factory=dict)  # "<group>/<cid>/seed<k>" -> config
+    groups: Dict[TuneGroup, List[str]] = dataclasses.field(default_factory=dict)  # group -> its candidate keys
+    table: Optional[str] = None  # results/.../tune/tuned.csv (None: the grid tunes nothing)
+
+    def chosen_file(self, group: TuneGroup, results: str = "results") -> str:
+        return f"{results}/tune/{group.path}/chosen.yaml"
+
+
+def plan_tune(grid: Mapping, plan, results: str = "results") -> TunePlan:
+    """Expand ``grid['tune']`` over ``plan``'s federate jobs (see the module docstring). Adds the
+    candidates' pretrain jobs to ``plan`` when a tuned method starts from BASE checkpoints, marks
+    the tuned seeded configs with ``tuned`` and records the tuned table in ``plan.report``."""
+    from .experiments import PretrainJob
+    from .methods import METHODS
+
+    tune = grid.get("tune")
+    out = TunePlan()
+    if not tune:
+        return out
+    out.metric = tune.get("metric", DEFAULT_METRIC)
+    if out.metric not in VAL_METRICS:
+        raise ConfigError(f"tune.metric: {out.metric!r} is not a validation metric; valid: {', '.join(VAL_METRICS)}")
+    out.budget = _budget(tune)
+    labels = {j.method for j in plan.federate}
+    listed = list((tune.get("methods") or {}))
+    missing = [m for m in listed if m not in labels]
+    if missing:
+        raise ConfigError(f"tune.methods: {missing} not run by the grid; valid: {', '.join(sorted(labels))}")
+    b = out.budget
+    for job, cfg in list(plan.federate.items()):
+        if job.method not in listed:
+            continue
+        group = TuneGroup(job.scenario, job.public, job.method, job.structure)
+        where = f"tune.methods.{job.method} ({job.scenario})"
+        if group not in out.groups:
+            cls = METHODS.get(cfg["base_method"])
+            if not cfg["engine"].get("participant_eval", True):
+                raise ConfigError(f"{where}: engine.participant_eval is false, so the runs evaluate no participant "
+                                  "on validation data; tune with participant_eval: true")
+            space = method_space(tune, job.method, cls)
+            keys = []
+            for i, values in enumerate(candidates(space)):
+                cid = candidate_id(values)
+                for seed in b["seeds"]:
+                    c = apply_values(cfg, values, where)
+                    eng = c["engine"]
+                    eng.update(rounds=b["rounds"], select="best_val", eval_every=b["eval_every"],
+                               last_k=min(eng["last_k"], b["rounds"]))
+                    key = f"{group.path}/{cid}/seed{seed}"
+                    c.update(seed=seed, run_name=f"tune/{key}",
+                             wildcards={**job.wildcards, "seed": seed, "candidate": cid},
+                             tune={"candidate": cid, "index": i, "values": dict(values), "metric": out.metric,
+                                   "patience": b["patience"]})
+                    if c["paths"].get("pretrained"):  # BASE checkpoints of the tuning seed
+                        paths = []
+                        for part, arch in zip(c["participants"], c["archs"]):
+                            pj = PretrainJob(job.scenario, part, arch, seed)
+                            if pj not in plan.pretrain:
+                                src = plan.pretrain[PretrainJob(job.scenario, part, arch, job.seed)]
+                                plan.pretrain[pj] = {**copy.deepcopy(src), "seed": seed, "run_name": f"pretrain/{pj.path}",
+                                                     "wildcards": pj.wildcards}
+                            paths.append(f"{results}/pretrain/{pj.path}/model.pt")
+                        c["paths"]["pretrained"] = paths
+                    out.candidates[key] = c
+                    keys.append(key)
+            out.groups[group] = keys
+        cfg["tuned"] = {"file": out.chosen_file(group, results), "params": list(method_space(tune, job.method,
+                        METHODS.get(cfg["base_method"]))), "budget": dict(b), "metric": out.metric}
+    name = (plan.report or {}).get("name")
+    root = f"{results}/ablations/{name}" if name else results
+    out.table = f"{root}/tune/tuned.csv"
+    plan.report["tuned"] = {"table": out.table, "budget": dict(b), "metric": out.metric,
+                            "methods": sorted({g.method for g in out.groups})}
+    return out
+
+
+def write_candidate_configs(tp: TunePlan, results: str = "results") -> Dict[str, str]:
+    from .experiments import dump_config, write_if_changed
+
+    paths = {}
+    for key, cfg in tp.candidates.items():
+        p = f"{results}/configs/tune/{key}.yaml"
+        write_if_changed(Path(p), dump_config(cfg))
+        paths[key] = p
+    return paths
+
+
+# ----------------------------------------------------------------------------- running
+def should_stop(history: Sequence[Mapping[str, float]], metric: str, patience: int) -> bool:
+    """Early stopping: ``patience`` evaluations in a row without a better ``metric`` (0: never)."""
+    if not patience or not history:
+        return False
+    vals = [h.get(metric, float("nan")) for h in history]
+    finite = [i for i, v in enumerate(vals) if math.isfinite(v)]
+    if not finite:
+        return False
+    best = max(finite, key=lambda i: (vals[i], -i))  # first maximum
+    return len(vals) - 1 - best >= patience
+
+
+def score(history: Sequence[Mapping[str, float]], rounds: Sequence[int], metric: str) -> Dict[str, Any]:
+    """A candidate run's validation score: the best ``metric`` over its evaluations (the round of the
+    model FLGo-Bench keeps), with that round's test headline for the record (never used to choose)."""
+    vals = [h.get(metric, float("nan")) for h in history]
+    finite = [i for i, v in enumerate(vals) if math.isfinite(v)]
+    if not finite:
+        return {"score": None, "best_round": None, "rounds_run": int(rounds[-1]) if rounds else 0}
+    best = max(finite, key=lambda i: (vals[i], -i))
+    h = history[best]
+    return {"score": float(vals[best]), "best_round": int(rounds[best]), "rounds_run": int(rounds[-1]),
+            "test_at_best": {k: float(h[k]) for k in ("avg/inter/top1", "avg/intra/top1") if k in h}}
+
+
+def run_candidate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, Any]:
+    """A tuning candidate: an ordinary federated run; a non-finite loss or weight is recorded as
+    ``diverged`` in its metrics.json (the workflow goes on; :func:`select` lists it as diverged)."""
+    from . import runner
+    from .data.store import atomic_write_text
+    from .engine import checkpoint
+    from .errors import NonFiniteError
+
+    try:
+        return runner.run_federate(cfg, out_dir, tracker)
+    except NonFiniteError as exc:
+        out_dir = Path(out_dir)
+        metrics = {"run": cfg["run_name"], "diverged": True, "error": str(exc).splitlines()[0],
+                   "tune": {"score": None, "best_round": None}}
+        out_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(out_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
+        atomic_write_text(out_dir / "metrics.json", json.dumps(metrics, indent=1))
+        checkpoint.clear(checkpoint.partial_dir(out_dir))
+        if tracker is not None:
+            try:
+                tracker.set_tags({"tune.diverged": "true"})
+            except Exception:  # tracking never costs a result
+                pass
+        print(f"[{cfg['run_name']}] diverged: {metrics['error']} (recorded; tuning goes on)", file=sys.stderr)
+        return metrics
+
+
+# ----------------------------------------------------------------------------- selection
+def select(metrics_files: Sequence[Path]) -> dict:
+    """The chosen values of one (scenario, public, method, structure) from its candidates' run
+    folders: mean validation score over tuning seeds, highest first, first candidate on ties; a
+    candidate that diverged on any seed is ``diverged`` and never chosen."""
+    cands: Dict[str, dict] = {}
+    head: dict = {}
+    for f in metrics_files:
+        f = Path(f)
+        cfg = yaml.safe_load((f.parent / "config.yaml").read_text())
+        m = json.loads(f.read_text())
+        t = cfg["tune"]
+        head = {k: cfg[k] for k in ("scenario", "public", "method", "structure")}
+        head.update(metric=t["metric"], rounds=cfg["engine"]["rounds"], patience=t["patience"])
+        c = cands.setdefault(t["candidate"], {"id": t["candidate"], "index": t["index"], "values": t["values"],
+                                              "per_seed": {}, "status": "ok"})
+        s = (m.get("tune") or {}).get("score")
+        c["per_seed"][int(cfg["seed"])] = s
+        if m.get("diverged") or s is None:
+            c["status"] = "diverged"
+            c.setdefault("errors", []).append(m.get("error", "no finite validation score"))
+        else:
+            c.setdefault("best_round", {})[int(cfg["seed"])] = m["tune"]["best_round"]
+    rows = sorted(cands.values(), key=lambda c: c["index"])
+    for c in rows:
+        c["score"] = (sum(c["per_seed"].values()) / len(c["per_seed"])) if c["status"] == "ok" else None
+    ok = [c for c in rows if c["status"] == "ok"]
+    if not ok:
+        raise ConfigError(f"tune {head.get('method')} on {head.get('scenario')}: every candidate diverged "
+                          f"({', '.join(str(c['values']) for c in rows)}); widen tune.methods.{head.get('method')}")
+    best = max(ok, key=lambda c: (c["score"], -c["index"]))
+    seeds = sorted({s for c in rows for s in c["per_seed"]})
+    return {**head, "seeds": seeds, "chosen": dict(best["values"]), "score": best["score"], "candidate": best["id"],
+            "candidates": [{k: v for k, v in c.items() if k != "index"} for c in rows]}
+
+
+def apply_chosen(cfg: Dict[str, Any]) -> Dict[str, Any]:
+    """A seeded run's config with its group's chosen values (``cfg['tuned']['file']``) applied."""
+    t = cfg.get("tuned")
+    if not t:
+        return cfg
+    path = Path(t["file"])
+    if not path.exists():
+        raise ConfigError(f"{path}: the tuned values of {cfg['run_name']} are missing; run the tune "
+                          "(snakemake builds it before the seeded runs)")
+    chosen = yaml.safe_load(path.read_text())
+    out = apply_values(cfg, chosen["chosen"], f"{path} chosen")
+    out["tuned"] = {**t, "chosen": dict(chosen["chosen"]), "score": chosen["score"], "candidate": chosen["candidate"]}
+    return out
+
+
+def mlflow_tags(cfg: Mapping[str, Any]) -> Dict[str, str]:
+    """MLflow tags of a tuned seeded run (``tuned.<param>`` = chosen value, the budget) or of a candidate."""
+    if cfg.get("tuned"):
+        t = cfg["tuned"]
+        b = t.get("budget") or {}
+        tags = {f"tuned.{k}": str(v) for k, v in (t.get("chosen") or {}).items()}
+        tags.update({"tuned": "true", "tuned.metric": str(t.get("metric")), "tuned.val_score": str(t.get("score")),
+                     "tuned.budget": f"rounds={b.get('rounds')} seeds={b.get('seeds')} patience={b.get('patience')}"})
+        return tags
+    t = cfg["tune"]
+    return {"tune.candidate": t["candidate"], **{f"tune.{k}": str(v) for k, v in t["values"].items()}}
+
+
+# ----------------------------------------------------------------------------- the tuned table
+def table_rows(chosen_files: Sequence[Path]) -> List[dict]:
+    """One row per (scenario, public, method, structure, parameter): its candidates, the chosen value
+    and the validation score of the chosen candidate, with the budget."""
+    rows = []
+    for f in chosen_files:
+        c = yaml.safe_load(Path(f).read_text())
+        diverged = sum(1 for x in c["candidates"] if x["status"] == "diverged")
+        for param, value in c["chosen"].items():
+            cands = list(dict.fromkeys(x["values"][param] for x in c["candidates"]))
+            rows.append({"scenario": c["scenario"], "public": c["public"], "method": c["method"],
+                         "structure": c["structure"], "parameter": param,
+                         "candidates": " ".join(str(v) for v in cands), "chosen": value,
+                         "val_score": round(100 * c["score"], 2), "metric": c["metric"],
+                         "n_candidates": len(c["candidates"]), "diverged": diverged,
+                         "rounds": c["rounds"], "seeds": " ".join(map(str, c["seeds"])), "patience": c["patience"],
+                         "scores": " ".join(f"{x['id']}:" + ("diverged" if x["score"] is None else f"{100 * x['score']:.2f}")
+                                            for x in c["candidates"])})
+    return rows
+
+
+def write_table(out: Path, chosen_files: Sequence[Path]) -> None:
+    import pandas as pd
+
+    from .data.store import atomic_write_text
+
+    cols = ["scenario", "public", "method", "structure", "parameter", "candidates", "chosen", "val_score", "metric",
+            "n_candidates", "diverged", "rounds", "seeds", "patience", "scores"]
+    atomic_write_text(Path(out), pd.DataFrame(table_rows(chosen_files), columns=cols).to_csv(index=False))
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """``python -m fedshift.tune select OUT METRICS...`` | ``table OUT CHOSEN...`` (the tune rules)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        if len(argv) < 3 or argv[0] not in ("select", "table"):
+            raise ConfigError("usage: python -m fedshift.tune {select OUT METRICS.json... | table OUT CHOSEN.yaml...}")
+        verb, out, files = argv[0], Path(argv[1]), [Path(f) for f in argv[2:]]
+        if verb == "select":
+            from .data.store import atomic_write_text
+
+            atomic_write_text(out, yaml.safe_dump(select(files), sort_keys=False))
+        else:
+            write_table(out, files)
+    except ConfigError as exc:
+        print(f"fedshift: error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
