@@ -233,3 +233,57 @@ def test_log_ranges_and_declared_search_spaces():
     assert declared_space(ByField) == {"mu": [0.001, 0.1]} and declared_space(ByAttr) == {"other": [1, 2]}
     space = method_space({"common": {"engine.lr": [0.01, 0.1]}, "methods": {"byfield": None}}, "byfield", ByField)
     assert list(space) == ["engine.lr", "mu"] and len(candidates(space)) == 4
+
+
+def test_an_interrupted_candidate_resumes_from_its_checkpoint(relabelled, tmp_path, monkeypatch):
+    from fedshift import tune
+    from fedshift.engine import checkpoint
+    from fedshift.methods.fedavg import FedAvg
+
+    grid = _grid({"budget": {"rounds": 3, "seeds": [0]}, "methods": {"fedavg": {"engine.lr": [1e-3]}}})
+    _, tp = _plan(grid, tmp_path, relabelled)
+    ((key, cfg),) = tp.candidates.items()
+    out = tmp_path / "results/tune" / key
+    real = FedAvg.run_round
+
+    def stop_in_round_3(self, fed, r):
+        if r == 3:
+            raise KeyboardInterrupt  # SIGTERM/SIGINT land as an exception inside a round
+        return real(self, fed, r)
+
+    monkeypatch.setattr(FedAvg, "run_round", stop_in_round_3)
+    with pytest.raises(KeyboardInterrupt):
+        tune.run_candidate(cfg, out)
+    assert not (out / "metrics.json").exists()
+    monkeypatch.setattr(FedAvg, "run_round", real)
+    m = tune.run_candidate(cfg, out)
+    assert m["timings"]["resumed_after_rounds"] == [2] and m["tune"]["rounds_run"] == 3
+    assert not checkpoint.partial_dir(out).exists()
+
+
+def test_report_states_selection_and_prints_the_tuned_table(tmp_path):
+    import pandas as pd
+
+    from fedshift.report.frames import headline_frame, selection_note
+    from fedshift.report.report import tuned_section
+
+    rows = []
+    for method, select, sel in (("fedavg", "last_k", None), ("fedh2l", "best_val", 1)):
+        for r, acc in ((1, 0.9), (2, 0.2), (3, 0.3)):
+            rows.append({"scenario": "s", "public": "none", "structure": "st", "method": method, "seed": 0,
+                         "round": r, "participant": "p", "kind": "intra", "top1": acc, "top5": acc,
+                         "select": select, "selected_round": sel, "tuned": method == "fedavg"})
+    df = pd.DataFrame(rows)
+    head = headline_frame(df, last_k=2).set_index("method")["top1"]
+    assert head["fedavg"] == pytest.approx(0.25) and head["fedh2l"] == pytest.approx(0.9)  # best_val: round 1
+    note = selection_note(df, 2)
+    assert "last 2 rounds: fedavg" in note and "best-validation round (select: best_val): fedh2l" in note
+    assert "Tuned on the validation holdout (tuned.csv): fedavg" in note
+    table = tmp_path / "tuned_in.csv"
+    pd.DataFrame([{"scenario": "s", "public": "none", "method": "fedavg", "structure": "st", "parameter": "engine.lr",
+                   "candidates": "0.001 0.01", "chosen": 0.01, "val_score": 55.0, "scores": "ca:40.00 cb:55.00"}]
+                 ).to_csv(table, index=False)
+    md = tuned_section({"tuned": {"table": str(table), "budget": {"rounds": 5, "seeds": [0], "patience": 2},
+                                  "metric": "avg/val/acc"}}, tmp_path)
+    assert "## Tuned hyper-parameters" in md[0] and any("| engine.lr | 0.001 0.01 | 0.01 | 55.00 |" in l for l in md)
+    assert (tmp_path / "tuned.csv").exists()
