@@ -267,8 +267,12 @@ def cmd_validate(args) -> None:
 
     exp = snakemake_config([Path(f) for f in args.experiments])
     plan = load_experiments(exp, Path(exp.pop("data_params", None) or args.data_params))
+    from .tune import plan_tune  # issue 36: the tune block, checked as the workflow plans it
+
+    tuned = plan_tune(exp, plan)
     needed = plan.needed_pretrain()
-    print(f"ok: {len(needed)} pretrain and {len(plan.federate)} federate jobs")
+    print(f"ok: {len(needed)} pretrain and {len(plan.federate)} federate jobs"
+          + (f", {len(tuned.candidates)} tuning candidate jobs" if tuned.candidates else ""))
     # What a cluster will be asked for (the workflow's mem_mb, fedshift.resources): the largest request per kind.
     from .resources import WRAPPER_MB, job_estimate, slurm_mem_mb
 

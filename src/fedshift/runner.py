@@ -264,6 +264,8 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     timings = {"train_s": 0.0, "eval_s": 0.0, "checkpoint_s": 0.0, "verify_s": verify_s}
     resumed: List[int] = []
     eval_rounds: List[int] = []  # rounds of `history` (model selection: engine.select)
+    history_g: List[Dict[str, float]] = []  # tuning on the global model: global/val/top1 per global evaluation
+    rounds_g: List[int] = []
     global_eval = GlobalEvaluator(fed, method, eng)  # server-side metric (FedMMD/FedFusion); no-op when off
     h2l_tracked = h2l_metrics.tracked(cfg["engine"])  # FedH2L's metrics in MLflow only where the grid asks
 
@@ -286,6 +288,7 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
         checkpoint.restore_federation(fed, method, ckpt)
         all_rows, history = ckpt["rows"], ckpt["history"]
         eval_rounds = list(ckpt.get("eval_rounds", []))
+        history_g, rounds_g = list(ckpt.get("history_g", [])), list(ckpt.get("rounds_g", []))
         global_eval.curve = [tuple(c) for c in ckpt.get("global_curve", [])]
         timings.update({k: v for k, v in ckpt["timings"].items() if k != "verify_s"})
         resumed = ckpt["resumed"] + [ckpt["round"]]
@@ -316,6 +319,12 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
                 break  # a tuning candidate (issue 36): its score is the best validation round so far
         g_rows = global_eval(r, tracker)
         all_rows.extend(g_rows)
+        if g_rows and tune.global_metric(cfg):  # a tuning candidate scored by its global model (issue 36)
+            history_g.append(tune.global_validation(fed, method, eng))
+            rounds_g.append(r)
+            tracker.log_metrics(history_g[-1], step=r)
+            if tune.should_stop(history_g, cfg["tune"]["metric"], cfg["tune"]["patience"]):
+                break
         if g_rows and not eng.participant_eval:
             prog(r, f"global top1 {g_rows[0]['top1']:.3f}")
         if (eng.checkpoint_every and r % eng.checkpoint_every == 0 and r < eng.rounds
@@ -325,6 +334,7 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
                 "config_hash": cfg_hash, "inputs": inputs, "round": r, "run_id": getattr(tracker, "run_id", None),
                 **checkpoint.federation_state(fed, method),
                 "rows": all_rows, "history": history, "eval_rounds": eval_rounds, "timings": timings,
+                "history_g": history_g, "rounds_g": rounds_g,
                 "global_curve": [list(c) for c in global_eval.curve],
                 "resumed": resumed})
             timings["checkpoint_s"] += time.time() - t
@@ -347,7 +357,8 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     if eng.select == "best_val":  # FedH2L § IV-A model selection
         metrics["headline"], metrics["selected_rounds"] = h2l_metrics.best_val_headline(history, eval_rounds)
     if "tune" in cfg:  # a tuning candidate's validation score (fedshift.tune.select reads it)
-        metrics["tune"] = tune.score(history, eval_rounds, cfg["tune"]["metric"])
+        metrics["tune"] = (tune.score(history_g, rounds_g, cfg["tune"]["metric"]) if tune.global_metric(cfg)
+                           else tune.score(history, eval_rounds, cfg["tune"]["metric"]))
     metrics.update(getattr(method, "run_summary", lambda fed: {})(fed))  # e.g. FedH2L's communication bytes
     states: Dict[int, Dict[str, torch.Tensor]] = {}  # a model shared by clients (server_model) is stored once
     for c in fed.clients:

@@ -14,6 +14,8 @@ choose. Here a grid's ``tune:`` block says what to search::
       methods:                             # method or variant label -> its own search space
         fedavg: {}                         # {} / null: common + the method's declared space
         fedprox: {mu: [0.001, 0.01, 0.1]}  # explicit: replaces the declared space
+      scenarios: [mnist5k_shards]          # optional: tune only these scenarios of the grid
+      share: {fedmmd: fedavg}              # optional: fedmmd's seeded runs take fedavg's chosen values
 
 A key ``engine.<k>`` sets EngineConfig ``<k>``; any other key a field of the method's Params.
 Candidates are the Cartesian product; values are lists or ``{log: [low, high], num: n}``.
@@ -52,7 +54,8 @@ from .errors import ConfigError
 
 # Validation metrics an evaluation writes (engine.h2l_metrics.validation_acc): the pooled ACC of
 # FedH2L, and FCCL+ Eq. 21-22 on validation data (own domain, other domains, their mean).
-VAL_METRICS = ("avg/val/mean/top1", "avg/val/inter/top1", "avg/val/intra/top1", "avg/val/acc")
+VAL_METRICS = ("avg/val/mean/top1", "avg/val/inter/top1", "avg/val/intra/top1", "avg/val/acc",
+               "global/val/top1")  # the last: the global model on all clients' validation data pooled (FedMMD/FedFusion)
 DEFAULT_METRIC = "avg/val/mean/top1"  # FCCL+ tables lead with AVG inter and intra: their mean
 DEFAULT_BUDGET = {"rounds": 10, "seeds": [0], "patience": 0, "eval_every": 1}
 
@@ -186,17 +189,38 @@ def plan_tune(grid: Mapping, plan, results: str = "results") -> TunePlan:
     missing = [m for m in listed if m not in labels]
     if missing:
         raise ConfigError(f"tune.methods: {missing} not run by the grid; valid: {', '.join(sorted(labels))}")
+    scenarios = tune.get("scenarios") or sorted({j.scenario for j in plan.federate})
+    unknown = [s for s in scenarios if s not in {j.scenario for j in plan.federate}]
+    if unknown:
+        raise ConfigError(f"tune.scenarios: {unknown} not run by the grid; valid: "
+                          f"{', '.join(sorted({j.scenario for j in plan.federate}))}")
+    share = dict(tune.get("share") or {})  # method -> the tuned method whose chosen values it takes
+    for m, src in share.items():
+        if m not in labels or src not in listed or m in listed:
+            raise ConfigError(f"tune.share.{m}: {src!r}: maps a grid method that is not tuned itself to a tuned "
+                              f"one; tuned: {', '.join(listed) or 'none'}")
     b = out.budget
     for job, cfg in list(plan.federate.items()):
+        if job.scenario not in scenarios:
+            continue
+        if job.method in share:  # e.g. FedMMD runs at the lr tuned on FedAvg (same scenario and structure)
+            src = TuneGroup(job.scenario, job.public, share[job.method], job.structure)
+            cfg["tuned"] = {"file": out.chosen_file(src, results), "from": share[job.method], "budget": dict(b),
+                            "metric": out.metric}
+            continue
         if job.method not in listed:
             continue
         group = TuneGroup(job.scenario, job.public, job.method, job.structure)
         where = f"tune.methods.{job.method} ({job.scenario})"
         if group not in out.groups:
             cls = METHODS.get(cfg["base_method"])
-            if not cfg["engine"].get("participant_eval", True):
+            if out.metric.startswith("global/"):
+                if not cfg["engine"].get("global_eval_every"):
+                    raise ConfigError(f"{where}: tune.metric {out.metric} scores the global model, but "
+                                      "engine.global_eval_every is 0; set it (e.g. 1) or pick a participant metric")
+            elif not cfg["engine"].get("participant_eval", True):
                 raise ConfigError(f"{where}: engine.participant_eval is false, so the runs evaluate no participant "
-                                  "on validation data; tune with participant_eval: true")
+                                  "on validation data; use tune.metric: global/val/top1 or participant_eval: true")
             space = method_space(tune, job.method, cls)
             keys = []
             for i, values in enumerate(candidates(space)):
@@ -204,8 +228,11 @@ def plan_tune(grid: Mapping, plan, results: str = "results") -> TunePlan:
                 for seed in b["seeds"]:
                     c = apply_values(cfg, values, where)
                     eng = c["engine"]
-                    eng.update(rounds=b["rounds"], select="best_val", eval_every=b["eval_every"],
-                               last_k=min(eng["last_k"], b["rounds"]))
+                    eng.update(rounds=b["rounds"], eval_every=b["eval_every"], last_k=min(eng["last_k"], b["rounds"]))
+                    if not out.metric.startswith("global/"):
+                        eng["select"] = "best_val"  # participants' validation metrics at every evaluation
+                    else:
+                        eng["global_eval_every"] = min(eng["global_eval_every"], b["eval_every"])
                     key = f"{group.path}/{cid}/seed{seed}"
                     c.update(seed=seed, run_name=f"tune/{key}",
                              wildcards={**job.wildcards, "seed": seed, "candidate": cid},
@@ -258,6 +285,24 @@ def should_stop(history: Sequence[Mapping[str, float]], metric: str, patience: i
     return len(vals) - 1 - best >= patience
 
 
+def global_metric(cfg: Mapping[str, Any]) -> bool:
+    """A tuning candidate scored by the global model on pooled validation data (``global/val/top1``)."""
+    return "tune" in cfg and str(cfg["tune"]["metric"]).startswith("global/")
+
+
+def global_validation(fed, method, eng) -> Dict[str, float]:
+    """``global/val/top1``: the global model on every client's validation split pooled (the server-side
+    metric of FedMMD/FedFusion, on the holdout instead of the test set)."""
+    import torch
+
+    from .engine.evaluation import correct_topk
+    from .engine.sampling import global_model
+
+    xs, ys = zip(*(c.data.get("val") for c in fed.clients))
+    hits = correct_topk(global_model(fed, method), torch.cat(xs), torch.cat(ys), ks=(1,), batch=eng.eval_batch)
+    return {"global/val/top1": float(hits[1].float().mean())}
+
+
 def score(history: Sequence[Mapping[str, float]], rounds: Sequence[int], metric: str) -> Dict[str, Any]:
     """A candidate run's validation score: the best ``metric`` over its evaluations (the round of the
     model FLGo-Bench keeps), with that round's test headline for the record (never used to choose)."""
@@ -269,6 +314,7 @@ def score(history: Sequence[Mapping[str, float]], rounds: Sequence[int], metric:
     h = history[best]
     return {"score": float(vals[best]), "best_round": int(rounds[best]), "rounds_run": int(rounds[-1]),
             "test_at_best": {k: float(h[k]) for k in ("avg/inter/top1", "avg/intra/top1") if k in h}}
+
 
 
 def run_candidate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, Any]:
