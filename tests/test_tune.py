@@ -287,3 +287,31 @@ def test_report_states_selection_and_prints_the_tuned_table(tmp_path):
                                   "metric": "avg/val/acc"}}, tmp_path)
     assert "## Tuned hyper-parameters" in md[0] and any("| engine.lr | 0.001 0.01 | 0.01 | 55.00 |" in l for l in md)
     assert (tmp_path / "tuned.csv").exists()
+
+
+def test_share_and_scenarios_and_the_global_metric_plan_as_stated(tmp_path):
+    from fedshift.experiments import load_experiments
+    from fedshift.tune import plan_tune
+
+    data = {"scenarios": {"mnist5k_shards": {}, "mnist5k_binary": {}}}
+    grid = {"engine": {"rounds": 4, "optimizer": "sgd", "device": "cpu", "participant_eval": False,
+                       "global_eval_every": 2, "server_model": True},
+            "grid": [{"scenarios": ["mnist5k_shards", "mnist5k_binary"], "methods": ["fedavg", "fedmmd"],
+                      "structures": ["homo_lenet"], "seeds": [0]}],
+            "tune": {"metric": "global/val/top1", "budget": {"rounds": 3, "seeds": [9]}, "scenarios": ["mnist5k_shards"],
+                     "methods": {"fedavg": {"engine.lr": [0.01, 0.1]}}, "share": {"fedmmd": "fedavg"}}}
+    plan = load_experiments(grid, data, results=str(tmp_path))
+    tp = plan_tune(grid, plan, results=str(tmp_path))
+    assert len(tp.candidates) == 2 and {g.scenario for g in tp.groups} == {"mnist5k_shards"}
+    for cfg in tp.candidates.values():  # scored on the global model: no participant selection, eval every round
+        assert cfg["engine"]["select"] == "last_k" and cfg["engine"]["global_eval_every"] == 1
+    tuned = {(j.scenario, j.method): c.get("tuned") for j, c in plan.federate.items()}
+    assert tuned[("mnist5k_shards", "fedmmd")]["file"] == tuned[("mnist5k_shards", "fedavg")]["file"]
+    assert tuned[("mnist5k_shards", "fedmmd")]["from"] == "fedavg"
+    assert tuned[("mnist5k_binary", "fedavg")] is None and tuned[("mnist5k_binary", "fedmmd")] is None
+    bad = {**grid, "tune": {**grid["tune"], "metric": "avg/val/acc"}}
+    with pytest.raises(ConfigError, match="participant_eval is false"):
+        plan_tune(bad, load_experiments(bad, data, results=str(tmp_path)))
+    bad = {**grid, "tune": {**grid["tune"], "share": {"fedmmd": "fedprox"}}}
+    with pytest.raises(ConfigError, match="tune.share.fedmmd"):
+        plan_tune(bad, load_experiments(bad, data, results=str(tmp_path)))

@@ -22,7 +22,7 @@ Installed with ``pip install -e examples/fedprox_adaptive``; the entry point in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Dict, Literal, Mapping, Sequence, Tuple
 
 import torch
@@ -37,7 +37,9 @@ class FedProxAdaptiveParams:
     init: Literal["scratch", "base"] = "scratch"  # start from random weights (or the BASE checkpoints)
     weighting: Literal["samples", "uniform"] = "samples"  # FedAvg's average: weight by private samples
     mu: float = 1.0  # mu of round 1 (Appendix C.3.3: 1 on non-IID data, 0 on IID)
-    step: float = 0.1  # how much mu moves per adjustment (Appendix C.3.3)
+    # how much mu moves per adjustment (Appendix C.3.3); `search`: the values a grid's tune block tries
+    # when it lists fedprox_adaptive with no space of its own (docs/tuning.md)
+    step: float = field(default=0.1, metadata={"search": [0.05, 0.1, 0.2]})
     patience: int = 5  # consecutive loss decreases before mu is lowered
     mu_max: float = 1.0  # upper bound of mu (0 is the lower bound)
 
