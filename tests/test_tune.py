@@ -315,3 +315,26 @@ def test_share_and_scenarios_and_the_global_metric_plan_as_stated(tmp_path):
     bad = {**grid, "tune": {**grid["tune"], "share": {"fedmmd": "fedprox"}}}
     with pytest.raises(ConfigError, match="tune.share.fedmmd"):
         plan_tune(bad, load_experiments(bad, data, results=str(tmp_path)))
+
+
+def test_a_global_metric_candidate_is_scored_on_pooled_validation(tiny_data, tmp_path):
+    """FedMMD-style grids evaluate only the global model: the candidate's score is the global model's
+    accuracy on every client's holdout pooled, recorded per global evaluation."""
+    from fedshift import tune
+    from fedshift.data import build
+    from fedshift.experiments import load_experiments
+
+    shards = {"shards": 4, "per_client": 2, "test": 0.9, "seed": 0}  # 2 clients x 250 images
+    build.partition("mnist5k_shards", {"mnist5k": tiny_data / "datasets/mnist5k"},
+                    tmp_path / "partitions/mnist5k_shards", shards)
+    grid = {"engine": {"rounds": 4, "local_epochs": 1, "local_batch": 50, "optimizer": "sgd", "lr": 0.05,
+                       "device": "cpu", "threads": 1, "participant_eval": False, "global_eval_every": 1,
+                       "server_model": True, "checkpoint_min_s": 0},
+            "grid": [{"scenarios": ["mnist5k_shards"], "methods": ["fedavg"], "structures": ["homo_lenet"]}],
+            "tune": {"metric": "global/val/top1", "budget": {"rounds": 3, "seeds": [0], "patience": 1},
+                     "methods": {"fedavg": {"engine.lr": [0.05]}}}}
+    plan = load_experiments(grid, {"scenarios": {"mnist5k_shards": shards}}, results=str(tmp_path / "results"),
+                            build=str(tmp_path))
+    ((key, cfg),) = tune.plan_tune(grid, plan, results=str(tmp_path / "results")).candidates.items()
+    m = tune.run_candidate(cfg, tmp_path / key)
+    assert 0.0 <= m["tune"]["score"] <= 1.0 and 1 <= m["tune"]["best_round"] <= m["tune"]["rounds_run"] <= 3
