@@ -56,6 +56,6 @@ def test_tune_then_run_end_to_end(tiny_data, tmp_path):
     assert seeded["tuned"]["chosen"] == chosen["chosen"]
     tuned = pd.read_csv(root / "results/tune/tuned.csv")
     assert list(tuned["method"]) == ["fedavg"] and list(tuned["parameter"]) == ["engine.lr"]
-    assert tuned["chosen"].iloc[0] == chosen["chosen"]["engine.lr"] and tuned["n_candidates"].iloc[0] == 2
+    assert float(tuned["chosen"].iloc[0]) == chosen["chosen"]["engine.lr"] and tuned["n_candidates"].iloc[0] == 2
     again = run(f"FEDSHIFT_TRACKING=none snakemake -n --cores 2 {targets}", root)
     assert "Nothing to be done" in again.stdout + again.stderr

@@ -420,7 +420,7 @@ def table_rows(chosen_files: Sequence[Path]) -> List[dict]:
             cands = list(dict.fromkeys(x["values"][param] for x in c["candidates"]))
             rows.append({"scenario": c["scenario"], "public": c["public"], "method": c["method"],
                          "structure": c["structure"], "parameter": param,
-                         "candidates": " ".join(str(v) for v in cands), "chosen": value,
+                         "candidates": " ".join(str(v) for v in cands), "chosen": str(value),  # 2 stays 2, not 2.0
                          "val_score": round(100 * c["score"], 2), "metric": c["metric"],
                          "n_candidates": len(c["candidates"]), "diverged": diverged,
                          "rounds": c["rounds"], "seeds": " ".join(map(str, c["seeds"])), "patience": c["patience"],
