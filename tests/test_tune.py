@@ -182,7 +182,8 @@ def test_select_averages_seeds_marks_divergence_and_breaks_ties_by_order(tmp_pat
     p = tmp_path / "chosen.yaml"
     p.write_text(__import__("yaml").safe_dump(out))
     (row,) = table_rows([p])
-    assert row["candidates"] == "0.001 0.01 1.0" and row["diverged"] == 1 and "cc:diverged" in row["scores"]
+    assert row["candidates"] == "0.001 0.01 1.0" and row["diverged"] == 1
+    assert row["scores"] == "lr=0.001: 60.00; lr=0.01: 60.00; lr=1.0: diverged"
     with pytest.raises(ConfigError, match="every candidate diverged"):
         select([files[4]])
 
@@ -281,7 +282,7 @@ def test_report_states_selection_and_prints_the_tuned_table(tmp_path):
     assert "Tuned on the validation holdout (tuned.csv): fedavg" in note
     table = tmp_path / "tuned_in.csv"
     pd.DataFrame([{"scenario": "s", "public": "none", "method": "fedavg", "structure": "st", "parameter": "engine.lr",
-                   "candidates": "0.001 0.01", "chosen": 0.01, "val_score": 55.0, "scores": "ca:40.00 cb:55.00"}]
+                   "candidates": "0.001 0.01", "chosen": 0.01, "val_score": 55.0, "scores": "lr=0.001: 40.00; lr=0.01: 55.00"}]
                  ).to_csv(table, index=False)
     md = tuned_section({"tuned": {"table": str(table), "budget": {"rounds": 5, "seeds": [0], "patience": 2},
                                   "metric": "avg/val/acc"}}, tmp_path)

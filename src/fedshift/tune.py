@@ -411,7 +411,8 @@ def mlflow_tags(cfg: Mapping[str, Any]) -> Dict[str, str]:
 # ----------------------------------------------------------------------------- the tuned table
 def table_rows(chosen_files: Sequence[Path]) -> List[dict]:
     """One row per (scenario, public, method, structure, parameter): its candidates, the chosen value
-    and the validation score of the chosen candidate, with the budget."""
+    and the validation score of the chosen candidate, with the budget; ``scores``: every candidate's
+    values and validation score (%), ``diverged`` where it diverged."""
     rows = []
     for f in chosen_files:
         c = yaml.safe_load(Path(f).read_text())
@@ -424,8 +425,9 @@ def table_rows(chosen_files: Sequence[Path]) -> List[dict]:
                          "val_score": round(100 * c["score"], 2), "metric": c["metric"],
                          "n_candidates": len(c["candidates"]), "diverged": diverged,
                          "rounds": c["rounds"], "seeds": " ".join(map(str, c["seeds"])), "patience": c["patience"],
-                         "scores": " ".join(f"{x['id']}:" + ("diverged" if x["score"] is None else f"{100 * x['score']:.2f}")
-                                            for x in c["candidates"])})
+                         "scores": "; ".join(",".join(f"{k.replace('engine.', '')}={v}" for k, v in x["values"].items())
+                                             + ": " + ("diverged" if x["score"] is None else f"{100 * x['score']:.2f}")
+                                             for x in c["candidates"])})
     return rows
 
 

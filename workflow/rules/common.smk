@@ -221,3 +221,53 @@ def pretrain_runtime(wc, attempt):
 def report_labels(wc):
     """HTML report labels: the kind and the group (scenario__public__structure) or the file type."""
     return {"kind": wc.kind, "group": getattr(wc, "group", None) or getattr(wc, "ext", "")}
+
+
+# ---------------------------------------------------------------------------------------
+# Tune, then run (issue 36, rules/tune.smk): candidate configs, inputs and resources (as federate's).
+# ---------------------------------------------------------------------------------------
+from fedshift.tune import write_candidate_configs
+
+TUNE_CONFIGS = write_candidate_configs(TUNE)
+TUNED_TABLE = [TUNE.table] if TUNE.table else []
+
+
+def tune_key(wc):
+    return f"{wc.scenario}/{wc.public}/{wc.method}/{wc.structure}/{wc.candidate}/seed{wc.seed}"
+
+
+def tune_cfg(wc):
+    return TUNE.candidates[tune_key(wc)]
+
+
+def tune_inputs(wc):
+    cfg = tune_cfg(wc)
+    inputs = {"config": TUNE_CONFIGS[tune_key(wc)], "partition": f"build/partitions/{wc.scenario}/manifest.json"}
+    if cfg["paths"]["public"]:
+        inputs["public"] = f"{cfg['paths']['public']}/manifest.json"
+    for i, ckpt in enumerate(cfg["paths"]["pretrained"] or []):
+        inputs[f"pretrained_{i}"] = ckpt
+    return inputs
+
+
+def tune_threads(wc):
+    return int(tune_cfg(wc)["engine"].get("threads") or THREADS_PER_JOB)
+
+
+def tune_mem_mb(wc, attempt):
+    from fedshift.resources import slurm_mem_mb
+
+    return slurm_mem_mb(tune_cfg(wc), attempt, gpus=GPUS_PER_JOB)
+
+
+def tune_runtime(wc, attempt):
+    cfg = tune_cfg(wc)
+    e = cfg["engine"]
+    scale = len(cfg["archs"]) * _pixel_scale(wc.scenario) / tune_threads(wc) ** 0.5
+    per_round = STEP_MINUTES / 4 if _stepwise(cfg["base_method"]) else (e["local_epochs"] + e.get("public_epochs", 1)) * EPOCH_MINUTES
+    return int(max(15, math.ceil(2 * e["rounds"] * per_round * scale)) * 2 ** (attempt - 1))
+
+
+def tune_group_metrics(wc):
+    group = f"{wc.scenario}/{wc.public}/{wc.method}/{wc.structure}"
+    return [f"results/tune/{k}/metrics.json" for g, keys in TUNE.groups.items() if g.path == group for k in keys]

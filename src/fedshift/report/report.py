@@ -244,8 +244,8 @@ def tuned_section(report_cfg: Dict, out: Path) -> List[str]:
     lines = ["## Tuned hyper-parameters", "",
              f"Chosen on the validation holdout by {t.get('metric')} (best evaluation of each candidate, mean over "
              f"tuning seeds {b.get('seeds')}; {b.get('rounds')} rounds, early-stopping patience {b.get('patience')}); "
-             "test data never seen. `scores`: every candidate's validation score (%) by id, `diverged` where its "
-             "loss or weights became non-finite (docs/tuning.md).", "",
+             "test data never seen. `scores`: every candidate's values and validation score (%), `diverged` where "
+             "its loss or weights became non-finite (docs/tuning.md).", "",
              "| scenario | public | method | structure | parameter | candidates | chosen | val score (%) | scores |",
              "|---|---|---|---|---|---|---|---:|---|"]
     for r in df.itertuples(index=False):
