@@ -62,8 +62,14 @@ def test_holdout_is_deterministic_and_leaves_val_scenarios_alone(permuted, tiny_
                               np.load(again / name / "private_holdout.npy"))
     man = json.loads((tiny_data / "partitions/rotmnist/manifest.json").read_text())
     assert all("holdout" not in p for p in man["participants"].values())  # rotmnist has its own val split
+    tenth = tmp_path / "tenth"  # a scenario's own `holdout` key (params/data.yaml), not a Params field
+    build.partition("mnist5k_permuted", {"mnist5k": tiny_data / "datasets/mnist5k"}, tenth, {**PERMUTED, "holdout": 0.1})
+    assert json.loads((tenth / "manifest.json").read_text())["participants"]["client000"]["holdout"]["n"] == 50
+    with pytest.raises(ConfigError, match="holdout: 1.5 is not a fraction"):
+        build.partition("mnist5k_permuted", {"mnist5k": tiny_data / "datasets/mnist5k"}, tmp_path / "x",
+                        {**PERMUTED, "holdout": 1.5})
     none = tmp_path / "none"
-    build.partition("mnist5k_permuted", {"mnist5k": tiny_data / "datasets/mnist5k"}, none, PERMUTED, holdout=0)
+    build.partition("mnist5k_permuted", {"mnist5k": tiny_data / "datasets/mnist5k"}, none, {**PERMUTED, "holdout": 0})
     from fedshift.data.loading import load_federated
 
     with pytest.raises(ConfigError, match="no validation split and no recorded holdout"):

@@ -18,8 +18,8 @@ from test_workflow import run
 
 pytestmark = pytest.mark.slow
 
-DATA = {"mirror": None, "datasets": ["mnist5k"], "dataset_params": {}, "public": {}, "holdout": 0.2,
-        "scenarios": {"mnist5k_permuted": {"clients": 2, "test": 0.9, "seed": 0}}}
+DATA = {"mirror": None, "datasets": ["mnist5k"], "dataset_params": {}, "public": {},
+        "scenarios": {"mnist5k_permuted": {"clients": 2, "test": 0.9, "seed": 0, "holdout": 0.2}}}
 GRID = {"engine": {"rounds": 2, "local_epochs": 1, "local_batch": 32, "device": "cpu", "threads": 1},
         "grid": [{"scenarios": ["mnist5k_permuted"], "methods": ["fedavg"], "structures": ["homo_lenet"], "seeds": [0]}],
         "tune": {"budget": {"rounds": 2, "seeds": [0], "patience": 1}, "methods": {"fedavg": {"engine.lr": [0.001, 0.01]}}},

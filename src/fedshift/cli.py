@@ -138,8 +138,7 @@ def cmd_partition(args) -> None:
     params = _data_params(args.params)
     overrides = (params.get("scenarios") or {}).get(args.scenario)
     dirs = {d: Path(args.datasets) / d for d in DATASETS.names()}
-    build.partition(args.scenario, dirs, Path(args.out or f"build/partitions/{args.scenario}"), overrides,
-                    holdout=params.get("holdout", build.HOLDOUT))  # validation holdout (issue 36)
+    build.partition(args.scenario, dirs, Path(args.out or f"build/partitions/{args.scenario}"), overrides)
 
 
 def apply_thread_allocation(cfg: dict, kind: str, threads) -> None:

@@ -294,7 +294,10 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
             if job in plan.federate:
                 continue
             spec = SCENARIOS.get(s)
-            scen_params = resolve(spec.params, enabled_scen.get(s) or {}, f"scenarios.{s}") if spec.params else None
+            from .data.build import split_holdout_key  # `holdout` is the partition stage's key (issue 36)
+
+            scen_params = (resolve(spec.params, split_holdout_key(enabled_scen.get(s))[1], f"scenarios.{s}")
+                           if spec.params else None)
             participants = list(spec.participants_for(scen_params))
             if pub != "none":
                 # A labeled dataset both partitioned (private/test) and sampled as public data could

@@ -23,10 +23,22 @@ log = logging.getLogger(__name__)
 
 # Validation holdout (issue 36): the fraction of each participant's private data that a scenario
 # without a validation split keeps apart for tuning and best-validation selection (FLGo-Bench's
-# ``train_holdout`` = 0.2). Only the positions are stored (``private_holdout.npy``); a run uses them
-# when it asks for validation (data.loading.load_federated(holdout=True)), else trains on all of private.
+# ``train_holdout`` = 0.2); ``holdout: <fraction>`` under a scenario in params/data.yaml changes it
+# (0: none). Only the positions are stored (``private_holdout.npy``); a run uses them when it asks for
+# validation (data.loading.load_federated(holdout=True)), else trains on all of private.
 HOLDOUT = 0.2
 HOLDOUT_FILE = "private_holdout.npy"
+HOLDOUT_KEY = "holdout"
+
+
+def split_holdout_key(overrides: Optional[Mapping[str, Any]]):
+    """(holdout fraction, the scenario's own parameters): ``holdout`` is read by the partition stage,
+    not by the scenario's Params dataclass."""
+    rest = dict(overrides or {})
+    fraction = rest.pop(HOLDOUT_KEY, HOLDOUT)
+    if not isinstance(fraction, (int, float)) or isinstance(fraction, bool) or not 0 <= fraction < 1:
+        raise ConfigError(f"{HOLDOUT_KEY}: {fraction!r} is not a fraction in [0, 1) (default {HOLDOUT})")
+    return float(fraction), rest
 
 
 def _splits_of(folder: Path):
@@ -97,14 +109,17 @@ def build_public(name: str, dataset_dir: Path, out_dir: Path, overrides: Optiona
 
 
 def partition(name: str, dataset_dirs: Mapping[str, Path], out_dir: Path, overrides: Optional[Mapping] = None,
-              holdout: float = HOLDOUT) -> dict:
+              holdout: Optional[float] = None) -> dict:
     """Partition scenario ``name`` into participants under ``out_dir`` with an audited manifest.
 
     ``holdout``: fraction of each participant's private split recorded as its validation holdout
-    when the scenario gives it no ``val`` split (0: none)."""
+    when the scenario gives it no ``val`` split (0: none); default: ``overrides['holdout']``, else
+    :data:`HOLDOUT`."""
     from .audit import audit_partition, drop_leaks, split_hashes
 
     spec = SCENARIOS.get(name, key="scenarios")
+    fraction, overrides = split_holdout_key(overrides)
+    holdout = fraction if holdout is None else holdout
     params = resolve_params(spec, overrides, f"scenarios.{name}")
     needed = spec.datasets_for(params)
     missing = [d for d in needed if d not in dataset_dirs or not (Path(dataset_dirs[d]) / store.MANIFEST).exists()]

@@ -109,7 +109,7 @@ def split_holdout(splits: Dict[str, Tuple[np.ndarray, np.ndarray]], info: dict, 
     entry = info.get("holdout")
     if not entry or "private" not in splits:
         raise ConfigError(f"{who} of {folder.parent} has no validation split and no recorded holdout: "
-                          "set `holdout:` (a fraction > 0) in params/data.yaml and run `dvc repro`")
+                          "give its scenario `holdout: <fraction > 0>` in params/data.yaml (default 0.2) and run `dvc repro`")
     pos = np.load(folder / entry["file"])
     x, y = splits["private"]
     keep = np.ones(len(y), dtype=bool)
