@@ -39,7 +39,7 @@ def runs(scenario="rotmnist", seeds=SEEDS, parts=PARTS):
     rows = []
     for method, values in seeds.items():
         for seed, v in enumerate(values):
-            for r in (1, 2, 3):
+            for r in (38, 39, 40):  # the last rounds of the paper's 40 (params/papers/schedules.yaml)
                 for p, arch in parts.items():
                     for kind in ("inter", "intra"):
                         rows.append(dict(scenario=scenario, public="pp", method=method, base_method=method,
@@ -141,7 +141,7 @@ def test_proxy_sections_state_schedules_and_give_no_verdicts(section):
     assert len(proxy) and (proxy["verdict"] == "no verdict (proxy)").all()
     start = md.index("PROXY: ours on rotmnist_standin")
     body = md[start:md.index("![delta]", start)]
-    assert "**Schedule differs.** Ours: data rotmnist_standin (public pp), 3 rounds" in body
+    assert "**Schedule differs.** Ours: data rotmnist_standin (public pp), 40 rounds" in body
     assert "models m0 lenet, m20 cnn4" in body and "The paper's: data Digits" in body
     for word in ("agrees", "differs (", "inconclusive", "verdict ("):
         assert word not in body, word
@@ -217,7 +217,7 @@ def test_margin_must_be_positive():
 
     with pytest.raises(ConfigError, match="report.margin"):
         pdl.report_margin({"margin": -1})
-    assert pdl.report_margin({}) == 3.0
+    assert pdl.report_margin({}) is None  # each table derives its own (table_margin)
 
 
 def test_report_modules_import_no_circle():
@@ -424,3 +424,39 @@ def test_every_claim_naming_a_dataset_is_scoped_to_it():
         if any(w in c["text"] for w in words):
             assert c.get("scenarios"), c["id"]
         assert set(c.get("scenarios", [])) <= published, c["id"]
+
+
+def test_a_reduced_schedule_on_the_papers_data_gets_a_note_and_no_verdict(tmp_path):
+    """Issue 39 item 2: the FedH2L quick grid (500 of 10,000 rounds) printed TOST verdicts under the
+    paper's title. A section on the paper's own scenario whose rounds are not the paper's gives none."""
+    df = runs()
+    df["round"] = df["round"] - 38 + 1  # rounds 1-3 of the paper's 40
+    out = tmp_path / "out"
+    out.mkdir()
+    md = "\n".join(pdl.delta_report(df, {"published": ["fccl_plus_table15"]}, out, last_k=3,
+                                    published_root=published_dir(tmp_path), claims_file=tmp_path / "none.yaml"
+                                    if (tmp_path / "none.yaml").write_text("claims: []\n") else None))
+    cells = pd.read_csv(out / "delta__fccl_plus_table15.csv", keep_default_na=False, na_values=[""])
+    judged = cells[cells["published"].notna()]
+    assert len(judged) and (judged["verdict"] == "no verdict (ours ran 3 of the paper's 40 rounds)").all()
+    assert "No verdicts here: ours ran 3 of the paper's 40 rounds" in md and "**Schedule differs.**" in md
+    assert "agrees within margin |" not in md and "differs (above) |" not in md
+
+
+def test_margin_is_half_the_smallest_gap_a_claim_rests_on():
+    """Issue 34 item 3: the margin of a table comes from the claims that read it, with its reason."""
+    from conftest import REPO
+
+    claims = pdl.load_claims(REPO / "params/papers/claims.yaml")
+    t2 = pdl.load_published("fedh2l_table2", REPO / "params/papers/published")
+    m, why = pdl.table_margin("fedh2l_table2", t2, claims)
+    acc = t2[(t2["metric"] == "acc") & (t2["participant"] == "avg")].set_index(["scenario", "method"])["value_num"]
+    gaps = [acc[(s, "fedh2l")] - acc[(s, o)] for s in ("rotmnist_a05", "rotmnist_a10", "rotmnist_a15")
+            for o in ("agg", "ind", "fedmd") if (s, o) in acc.index]
+    gaps += [acc[("rotmnist_a10", "fedh2l")] - acc[("rotmnist_a05", "fedh2l")],  # fedh2l_more_public_better
+             acc[("rotmnist_a15", "fedh2l")] - acc[("rotmnist_a10", "fedh2l")]]
+    gaps += [acc[("rotmnist_a15", "fedh2l")] - acc[("rotmnist_a15", o)] for o in ("fedavg", "fedprox")
+             if ("rotmnist_a15", o) in acc.index]
+    assert m == round(min(g for g in gaps if g > 0) / 2, 2) and "half the smallest printed gap" in why
+    assert pdl.table_margin("x", t2, [], None)[1].startswith("±3, a convention")
+    assert pdl.table_margin("fedh2l_table2", t2, claims, 1.5) == (1.5, "±1.5, set by the grid (`report.margin`)")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -54,6 +55,29 @@ def deep_merge(base: Mapping, over: Mapping) -> dict:
     return out
 
 
+def user_methods_win(merged: Mapping, own: Mapping) -> Tuple[dict, List[str]]:
+    """A grid file's own ``methods:`` block outranks the base file's ``scenario_overrides`` (issue 34 item 6).
+
+    The merge order inside one file is methods < scenario_overrides < variant, so ``params/experiments.yaml``'s
+    ``scenario_overrides.rotmnist.methods.fedavg: {eval_models: local}`` silently beat a user grid's
+    ``methods: {fedavg: {eval_models: global}}``. Every key the user's files set under ``methods.<m>`` is
+    removed from the scenario overrides they do not set themselves; returns the config and one note per
+    replaced key (printed by the workflow and by ``fedshift validate``)."""
+    out = deep_merge({}, merged)
+    own_methods = own.get("methods") or {}
+    own_so = own.get("scenario_overrides") or {}
+    notes = []
+    for scen, so in (out.get("scenario_overrides") or {}).items():
+        for m, keys in ((so or {}).get("methods") or {}).items():
+            mine = own_methods.get(m) or {}
+            theirs = ((own_so.get(scen) or {}).get("methods") or {}).get(m) or {}
+            for k in [k for k in (keys or {}) if k in mine and k not in theirs]:
+                notes.append(f"methods.{m}.{k}: {mine[k]!r} (this grid) replaces the base file's "
+                             f"scenario_overrides.{scen}.methods.{m}.{k}: {keys[k]!r}")
+                keys.pop(k)
+    return out, notes
+
+
 def snakemake_config(configfile, workflow_config: Path = WORKFLOW_CONFIG, replace: bool = False) -> dict:
     """The config ``snakemake --configfile <configfile ...>`` runs with: the Snakefile's
     ``params/experiments.yaml`` with each ``configfile`` merged over it in order (``replace``:
@@ -69,7 +93,9 @@ def snakemake_config(configfile, workflow_config: Path = WORKFLOW_CONFIG, replac
     same = len(files) == 1 and files[0].resolve() == Path(workflow_config).resolve()
     if replace or same or not Path(workflow_config).exists():
         return own
-    merged = deep_merge(load_yaml(workflow_config), own)
+    merged, notes = user_methods_win(deep_merge(load_yaml(workflow_config), own), own)
+    for note in notes:
+        print(f"fedshift: note: {note}", file=sys.stderr)
     merged["report"] = deep_merge({}, own.get("report") or {})  # a user grid reports only what it names
     return merged
 

@@ -33,8 +33,18 @@ if _USER_FILES:
         raise WorkflowError(f"fedshift: error: {exc}") from None
 
     GRID["report"] = {}
+    _OWN = {}
     for _doc in _USER_DOCS:
         GRID["report"] = deep_merge(GRID["report"], _doc.get("report") or {})
+        _OWN = deep_merge(_OWN, _doc)
+    # the grid's own methods: block outranks the base file's scenario_overrides (said, one line per key)
+    from fedshift.experiments import user_methods_win
+
+    _report = GRID.pop("report")
+    GRID, _notes = user_methods_win(GRID, _OWN)
+    GRID["report"] = _report
+    for _note in _notes:
+        print(f"fedshift: note: {_note}", file=sys.stderr)
 validate(GRID, schema="../schemas/experiments.schema.yaml")
 try:
     PLAN = load_experiments(GRID, DATA_PARAMS)

@@ -728,9 +728,12 @@ def _fmt_delta(r) -> str:
     return ("≥ " if r["reached"] < r["n"] else "") + f"{r['delta']:+.2f}"
 
 
-def cells_markdown(cells: pd.DataFrame, title: str, margin: float = DEFAULT_MARGIN, schedule: str = "") -> str:
+def cells_markdown(cells: pd.DataFrame, title: str, margin: float = DEFAULT_MARGIN, schedule: str = "",
+                   margin_reason: str = "", schedule_differs: str = "") -> str:
     """One section's cells. A proxy section (our stand-in scenario) opens with both schedules and has no
-    verdict column: its numbers and Δ are shown, not judged."""
+    verdict column: its numbers and Δ are shown, not judged. A section on the paper's data whose schedule
+    is not the paper's (``schedule_differs``: e.g. 500 of 10,000 rounds) states both schedules and its
+    verdict column says "no verdict"."""
     proxy = bool(cells["proxy"].any())
     head = "| method | participant | metric | n | ours (mean ± 95% CI) | published | Δ |"
     rule = "|---|---|---|---:|---:|---:|---:|"
@@ -738,7 +741,12 @@ def cells_markdown(cells: pd.DataFrame, title: str, margin: float = DEFAULT_MARG
     if proxy:
         lines += [schedule, "", "No verdicts here: a stand-in run on another schedule cannot agree or differ "
                   "with the paper; the numbers and Δ are for orientation only.", ""]
-    else:
+    elif schedule_differs:
+        lines += [schedule, "", f"No verdicts here: {schedule_differs}; a run on another schedule cannot agree or "
+                  "differ with the paper's numbers.", ""]
+    if not proxy:
+        if margin_reason:
+            lines += [f"Margin {margin_reason}.", ""]
         head, rule = head + f" verdict (margin ±{margin:g}) |", rule + "---|"
     lines += [head, rule]
     for _, r in cells.iterrows():
@@ -832,6 +840,38 @@ def schedule_note(runs: pd.DataFrame, source: str, paper: str, our_scenario: str
             f"{theirs.get('local_epochs', '?')}, models {theirs.get('models', '?')} ({theirs.get('source', '')}).")
 
 
+def schedule_differs(runs: pd.DataFrame, source: str, paper: str, our_scenario: str, public: str, structure: str,
+                     schedules: Mapping) -> str:
+    """'' when our runs of the group ran the paper's number of rounds (or the paper states none as a
+    number), else why not ("ours ran 500 of the paper's 10,000 rounds")."""
+    theirs = schedules.get(source) or schedules.get(f"default_{paper}") or {}
+    want = theirs.get("rounds")
+    if isinstance(want, bool) or not isinstance(want, int):
+        return ""
+    g = runs[(runs["scenario"] == our_scenario) & (runs["public"] == public) & (runs["structure"] == structure)
+             & (runs["method"] != BASE_PRETRAIN)]
+    if not len(g):
+        return ""
+    ours = int(g.groupby(["method", "seed"])["round"].max().min())
+    return "" if ours == want else f"ours ran {ours:,} of the paper's {want:,} rounds"
+
+
+def interval_coverage(runs: pd.DataFrame) -> str:
+    """What the seeds' spread measures: training noise on one data draw (``data_seed: fixed``, every seed
+    reads the same partition) or data draw + training (``data_seed: run``)."""
+    ds = set(runs["data_seed"].dropna().astype(str)) if "data_seed" in runs.columns else set()
+    if ds == {"run"}:
+        return ("each seed drew its own private/public/test subsets (`data_seed: run`, as the authors' code "
+                "does): the intervals cover data draw and training noise.")
+    if "run" in ds:
+        return ("some groups redrew their data per seed (`data_seed: run`: data draw + training noise) and others "
+                "share one draw (`data_seed: fixed`: training noise only); runs.csv's data_seed column says which.")
+    return ("every seed trained and was evaluated on one data draw (`data_seed: fixed`): the intervals cover "
+            "training noise (initialisation, batch order) only, not the variation of another draw of the "
+            "partitions or test images, which can be as large (a 150-image test set at 88 % has a binomial sd "
+            "of 2.7 points).")
+
+
 def delta_figure(cells: pd.DataFrame, path: Path, title: str) -> None:
     """Ours (mean ± 95% CI) against the published value, one panel per metric, one point per cell
     (square = AVG / server model, circle = a participant); the diagonal is agreement."""
@@ -900,9 +940,59 @@ def published_inconsistencies(published: Dict[str, pd.DataFrame]) -> pd.DataFram
     return pd.concat(flagged, ignore_index=True)[cols] if flagged else pd.DataFrame(columns=cols)
 
 
-def report_margin(report_cfg: Mapping) -> float:
-    """``report.margin`` (percentage points), default :data:`DEFAULT_MARGIN`; a clear error otherwise."""
-    m = report_cfg.get("margin", DEFAULT_MARGIN)
+def table_margin(name: str, table: pd.DataFrame, claims: Sequence[dict],
+                 explicit: Optional[float] = None) -> Tuple[float, str]:
+    """The equivalence margin of one published table and its reason (issue 34 item 3).
+
+    ``report.margin`` in the grid wins (reason: set by the grid). Otherwise half the smallest printed gap
+    that a claim of ``claims.yaml`` reading this table rests on (the pair's printed values, in the claimed
+    direction): agreeing within that margin cannot turn the claim around. A table no claim rests on keeps
+    :data:`DEFAULT_MARGIN`, said to be a convention (no paper prints a seed spread). Units are the table's:
+    percentage points for accuracies, rounds for rounds-to-target tables."""
+    if explicit is not None:
+        return explicit, f"±{explicit:g}, set by the grid (`report.margin`)"
+    best = None
+    p = table[table["participant"] != "delta_base"] if len(table) else table
+    for c in claims:
+        if name not in (c.get("published") or []):
+            continue
+        lower = bool(c.get("lower_is_better", False)) or c.get("kind") == "ratio"
+        scope = set(c.get("scenarios") or [])
+        for scen in sorted(set(p["scenario"])) if len(p) else []:
+            if scope and scen not in scope:
+                continue
+            metric = _claim_metric(c, scen)
+            if metric is None or metric == "rounds_to/*":
+                continue
+            metric = _resolve_metric(metric, scen)
+            part = c.get("participant", "avg")
+
+            def value(term):
+                method, at = _term(term)
+                hit = p[(p["scenario"] == (at or scen)) & (p["method"] == method) & (p["metric"] == metric)
+                        & (p["participant"] == part)]
+                return float(hit["value_num"].iloc[0]) if len(hit) else None
+
+            for a, b in c["compare"]:
+                va, vb = value(a), value(b)
+                if va is None or vb is None:
+                    continue
+                gap = (vb - va) if lower else (va - vb)
+                if gap > 0 and (best is None or gap < best[0]):
+                    best = (gap, f"{c['id']}: {a} {va:g} vs {b} {vb:g} on {scen} ({metric})")
+    if best is None:
+        return DEFAULT_MARGIN, (f"±{DEFAULT_MARGIN:g}, a convention: no claim of params/papers/claims.yaml rests "
+                                "on this table (no paper prints a seed spread to derive one from)")
+    m = round(best[0] / 2, 2)
+    return m, f"±{m:g}, half the smallest printed gap a claim of this table rests on ({best[1]})"
+
+
+def report_margin(report_cfg: Mapping) -> Optional[float]:
+    """``report.margin`` (the table's units) when the grid sets it, else None (each table derives its own,
+    :func:`table_margin`); a clear error for anything but a positive number."""
+    m = report_cfg.get("margin")
+    if m is None:
+        return None
     if isinstance(m, bool) or not isinstance(m, (int, float)) or not m > 0:
         raise ConfigError(f"report.margin: {m!r} must be a positive number of percentage points (default "
                           f"{DEFAULT_MARGIN:g})")
@@ -922,34 +1012,45 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
     targets = sorted({m.split("/", 1)[1] for t in tables.values() for m in t["metric"] if m.startswith("rounds_to/")})
     long = ours_long(runs, last_k, targets)
     agg = aggregate(long)
-    margin = report_margin(report_cfg)
+    explicit = report_margin(report_cfg)
+    claims = load_claims(claims_file) if (claims_file or claims_path().is_file()) else []
     schedules = _schedules()
     md = ["## Paper delta", "",
           "Ours: mean over seeds ± the 95% confidence half-width (Student t, n − 1 degrees of freedom; n shown) of "
           f"{value_source(runs, last_k)}, rounded once; an interval beyond 0 or 100 is printed clipped as "
-          f"`mean [low, high]`. Verdict against a margin of ±{margin:g} points (`report.margin`): **agrees within "
-          "margin** when the 90% interval of Δ = ours − published lies inside ±margin (two one-sided t tests at 5%) "
-          "and the 95% half-width is no wider than the margin; **differs** when the 95% interval of Δ lies wholly "
-          "beyond the margin; otherwise **inconclusive** (always with n = 1, which has no interval). "
+          f"`mean [low, high]`. **What the intervals cover:** {interval_coverage(runs)} "
+          "Verdict against each table's margin (stated with its reason under the table's sections): **agrees "
+          "within margin** when the 90% interval of Δ = ours − published lies inside ±margin (two one-sided t tests "
+          "at 5%) and the 95% half-width is no wider than the margin; **differs** when the 95% interval of Δ lies "
+          f"wholly beyond the margin; otherwise **inconclusive**, and always below n = {MIN_N} seeds or with a "
+          "zero-width interval (the reason is printed). "
           "Rounds to a target: a seed that never reaches it counts as its last round + 1 (`≥`: a lower bound), "
           "with `reached k/n`. **Proxy** sections (our scenario stands in for the published one; AVG cells only, "
-          "its domains are not the paper's) state both schedules and give no verdicts. ⚑ = the printed value does "
-          "not recompute (kept as printed).", ""]
+          "its domains are not the paper's) and sections whose schedule is not the paper's state both schedules "
+          "and give no verdicts. ⚑ = the printed value does not recompute (kept as printed).", ""]
     if renamed:
         md += ["Compared with the published rows of another name (`report.published_methods`): "
                + ", ".join(f"our `{o}` as the paper's `{p}`" for p, o in renamed.items()) + ".", ""]
     all_cells = []
     for spec in specs:
+        margin, why = table_margin(spec.name, tables[spec.name], claims, explicit)
         cells = compare(agg, tables[spec.name], scenario_map, spec, margin)
         if cells.empty:
             md.append(f"{spec.name}: no run of this grid matches the published table's scenarios/methods.\n")
             continue
+        cells["margin"] = margin
+        for (scen, our, pubset, struct), g in cells.groupby(["scenario", "our_scenario", "public", "structure"], sort=False):
+            paper = g["table"].iloc[0].split(" ")[0]
+            differs = schedule_differs(runs, spec.name, paper, our, pubset, struct, schedules)
+            if differs and not g["proxy"].any():  # the paper's data on another schedule: numbers, no verdicts
+                idx = g.index[g["published"].notna()]
+                cells.loc[idx, "verdict"] = f"no verdict ({differs})"
+                g = cells.loc[g.index]
+            label = f"{g['table'].iloc[0]}: {scen}" + (f" — PROXY: ours on {our}" if our != scen else "") + f" / {pubset} / {struct}"
+            note = schedule_note(runs, spec.name, paper, our, pubset, struct, schedules)
+            md.append(cells_markdown(g, label, margin, note, why, differs))
         all_cells.append(cells)
         cells.to_csv(out_dir / f"delta__{spec.name}.csv", index=False)
-        for (scen, our, pubset, struct), g in cells.groupby(["scenario", "our_scenario", "public", "structure"], sort=False):
-            label = f"{g['table'].iloc[0]}: {scen}" + (f" — PROXY: ours on {our}" if our != scen else "") + f" / {pubset} / {struct}"
-            note = schedule_note(runs, spec.name, g["table"].iloc[0].split(" ")[0], our, pubset, struct, schedules)
-            md.append(cells_markdown(g, label, margin, note))
         title = f"{cells['table'].iloc[0]}: ours vs published" + (" (proxy: other schedule)" if cells["proxy"].any() else "")
         delta_figure(cells, out_dir / f"delta__{spec.name}.png", title)
         md.append(f"![delta](delta__{spec.name}.png)\n")
@@ -957,7 +1058,6 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
         summary = summarize(pd.concat(all_cells, ignore_index=True))
         summary.to_csv(out_dir / "delta_summary.csv", index=False)
         md += ["### Per-table summary", "", summary_markdown(summary)]
-    claims = load_claims(claims_file) if (claims_file or claims_path().is_file()) else []
     wanted = {s.name for s in specs}
     verdicts = evaluate_claims(claims, agg, published, scenario_map, paper_tables=wanted, kinds=group_kinds(runs),
                                per_seed=long, method_names=renamed)
