@@ -137,6 +137,8 @@ def cmd_partition(args) -> None:
 
     params = _data_params(args.params)
     overrides = (params.get("scenarios") or {}).get(args.scenario)
+    if args.seed is not None:  # engine.data_seed: run: the run seed redraws the partition
+        overrides = {**(overrides or {}), "seed": build.seed_override(args.scenario, args.seed)}
     dirs = {d: Path(args.datasets) / d for d in DATASETS.names()}
     build.partition(args.scenario, dirs, Path(args.out or f"build/partitions/{args.scenario}"), overrides)
 
@@ -332,6 +334,9 @@ def main(argv: List[str] | None = None) -> int:
         p.add_argument("--params", type=Path, default=Path("params/data.yaml"))
         p.add_argument("--out", default=None)
         p.add_argument("--datasets", default="build/datasets", help="folder of fetched datasets")
+        if name == "partition":
+            p.add_argument("--seed", type=int, default=None,
+                           help="draw with this seed instead of params/data.yaml's (engine.data_seed: run)")
         p.add_argument("--data-dir", default="data", help="manually supplied archives (data.dvc)")
         p.add_argument("--cache-dir", default="build/downloads", help="downloaded archives")
         p.set_defaults(fn=fn)

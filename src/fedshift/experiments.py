@@ -41,6 +41,9 @@ def check_name(name: Any, where: str) -> None:
                           "(lowercase letters, digits, '_' or '-', starting with a letter)")
 
 
+SEEDED_PARTITIONS = "partitions_seeded"  # build/<this>/<scenario>/seed<k>: engine.data_seed: run (not DVC's)
+
+
 def deep_merge(base: Mapping, over: Mapping) -> dict:
     """``over`` merged into ``base`` as Snakemake merges config files (nested mappings extend,
     every other value, lists included, is replaced)."""
@@ -200,6 +203,7 @@ class Plan:
     federate: Dict[FederateJob, dict] = field(default_factory=dict)  # job -> resolved config
     pretrain: Dict[PretrainJob, dict] = field(default_factory=dict)
     report: dict = field(default_factory=dict)
+    partitions: Dict[Tuple[str, int], str] = field(default_factory=dict)  # (scenario, seed) -> folder it reads
 
     def needed_pretrain(self) -> Dict[PretrainJob, dict]:
         """The pretrain jobs the workflow runs: every participant x architecture of the grid's
@@ -370,6 +374,20 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                         check_cuda(dev)
                     except ValueError as exc:
                         raise ConfigError(f"{what}.{exc}") from None
+            # engine.data_seed: run redraws the partition with the run seed (a Snakemake rule builds it from the
+            # datasets `dvc repro` fetched); fixed reads the one `dvc repro` built. One scenario and seed read one
+            # partition: the pretrain runs (BASE) are shared by every method of the grid.
+            part_dir = f"{build}/partitions/{s}"
+            if eng.data_seed == "run":
+                from .data.build import seed_override
+
+                seed_override(s, seed)  # a scenario without a seed parameter: one line, here
+                part_dir = f"{build}/{SEEDED_PARTITIONS}/{s}/seed{seed}"
+            other = plan.partitions.setdefault((s, seed), part_dir)
+            if other != part_dir:
+                raise ConfigError(f"engine ({m} on {s}).data_seed: {eng.data_seed!r} makes seed {seed} read {part_dir}, "
+                                  f"but another method of the grid reads {other}: set data_seed once for the scenario "
+                                  "(engine: or scenario_overrides.<scenario>.engine:), not per method or variant")
             pretrained = None
             # Pretrain runs serve the BASE checkpoints of methods that start from or distil them,
             # and the report's base_pretrain row beside the grid's `base` row: grids with neither
@@ -381,7 +399,7 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                     plan.pretrain[pj] = {
                         "kind": "pretrain", "run_name": f"pretrain/{pj.path}", "scenario": s, "participant": part,
                         "arch": arch, "seed": seed, "pretrain": to_dict(pre),
-                        "paths": {"partition": f"{build}/partitions/{s}"}, "wildcards": pj.wildcards,
+                        "paths": {"partition": part_dir}, "wildcards": pj.wildcards,
                     }
             if cls.needs_base(mparams):
                 if eng.norm != pre.norm:
@@ -394,7 +412,7 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                 "method": m, "base_method": base_method, "structure": st, "seed": seed,
                 "participants": participants, "archs": list(archs),
                 "method_params": to_dict(mparams), "engine": to_dict(eng),
-                "paths": {"partition": f"{build}/partitions/{s}",
+                "paths": {"partition": part_dir,
                           "public": f"{build}/public/{pub}" if pub != "none" and uses_public else None,
                           "pretrained": pretrained},
                 "wildcards": job.wildcards,

@@ -69,6 +69,7 @@ PUBLIC_USED = sorted({c["public"] for c in PLAN.federate.values() if c["paths"][
 # Cheap bookkeeping rules run where Snakemake runs, not as cluster jobs.
 localrules:
     dvc_repro,
+    partition_seed,
     collect,
     report,
 
@@ -91,7 +92,8 @@ def federate_inputs(wc):
     cfg = PLAN.federate_config(federate_key(wc))
     inputs = {
         "config": f"results/configs/federate/{federate_key(wc)}.yaml",
-        "partition": f"build/partitions/{wc.scenario}/manifest.json",
+        # build/partitions/<scenario> (dvc repro), or its redraw with the run seed (engine.data_seed: run)
+        "partition": f"{cfg['paths']['partition']}/manifest.json",
     }
     if cfg["paths"]["public"]:
         inputs["public"] = f"{cfg['paths']['public']}/manifest.json"
@@ -205,6 +207,13 @@ def pretrain_cfg(wc):
     from fedshift.experiments import PretrainJob
 
     return PLAN.pretrain[PretrainJob(wc.scenario, wc.participant, wc.arch, int(wc.seed))]
+
+
+def pretrain_inputs(wc):
+    return {
+        "config": f"results/configs/pretrain/{wc.scenario}/{wc.participant}/{wc.arch}/seed{wc.seed}.yaml",
+        "partition": f"{pretrain_cfg(wc)['paths']['partition']}/manifest.json",
+    }
 
 
 def pretrain_threads(wc):

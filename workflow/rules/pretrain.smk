@@ -6,8 +6,7 @@
 
 rule pretrain:
     input:
-        config="results/configs/pretrain/{scenario}/{participant}/{arch}/seed{seed}.yaml",
-        partition="build/partitions/{scenario}/manifest.json",
+        unpack(pretrain_inputs),
     output:
         model="results/pretrain/{scenario}/{participant}/{arch}/seed{seed}/model.pt",
         metrics="results/pretrain/{scenario}/{participant}/{arch}/seed{seed}/metrics.json",

@@ -88,6 +88,21 @@ def build_public(name: str, dataset_dir: Path, out_dir: Path, overrides: Optiona
         return store.write_manifest(tmp, info)
 
 
+def seed_override(name: str, seed: int) -> int:
+    """``seed`` for scenario ``name``'s draw (``engine.data_seed: run``); a scenario without a ``seed``
+    parameter cannot be redrawn: one line saying so."""
+    import dataclasses
+
+    spec = SCENARIOS.get(name, key="scenarios")
+    fields = {f.name for f in dataclasses.fields(spec.params)} if spec.params else set()
+    if "seed" not in fields:
+        raise ConfigError(f"engine.data_seed: run: scenario {name!r} has no `seed` parameter, so its partition "
+                          "cannot be redrawn per run seed; use data_seed: fixed for it")
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ConfigError(f"--seed: {seed!r} must be a non-negative integer")
+    return seed
+
+
 def partition(name: str, dataset_dirs: Mapping[str, Path], out_dir: Path, overrides: Optional[Mapping] = None) -> dict:
     """Partition scenario ``name`` into participants under ``out_dir`` with an audited manifest."""
     from .audit import audit_partition, drop_leaks, split_hashes

@@ -53,6 +53,12 @@ class EngineConfig:
     # headline selection: "last_k" = mean of the last_k evaluations (FCCL+ tables); "best_val" = per participant,
     # its evaluation with the best validation ACC (FedH2L § IV-A: validation every 50 rounds, keep the best model)
     select: Literal["last_k", "best_val"] = "last_k"
+    # Which partition a seed reads. "fixed": the one `dvc repro` built (params/data.yaml's seed) for every run
+    # seed, so the seeds' spread is training noise only; "run": each run seed k redraws the scenario's
+    # private / public-seed / validation / test subsets with seed k (build/partitions_seeded/<scenario>/seed<k>,
+    # a Snakemake rule), as the authors' FCCL+ benchmark redraws each participant's private subset with the
+    # run seed (fccl+/datasets/utils/federated_dataset.py:159, seeded in fccl+/main.py:58-59).
+    data_seed: Literal["fixed", "run"] = "fixed"
     pooled_rows: bool = False  # also write FedH2L's WDP/CDP/ACC (and validation ACC) rows to rounds.csv
     device: str = "auto"  # "auto" = CUDA when available, else CPU; or "cpu", "cuda", "cuda:1"
     deterministic: bool = False  # torch.use_deterministic_algorithms (slower on GPU)

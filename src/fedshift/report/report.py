@@ -137,6 +137,12 @@ def _slug(*parts: str) -> str:
     return "__".join(str(p) for p in parts)
 
 
+def interval_coverage(runs: pd.DataFrame) -> str:
+    from .paper_delta import interval_coverage as cover
+
+    return cover(runs)
+
+
 def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None, last_k: int = 3,
                 tracking: bool = True) -> List[Path]:
     df = pd.read_csv(runs_csv)
@@ -152,7 +158,7 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
               "column; no interval with one seed). An interval reaching beyond 0 or 100 is printed clipped, "
               "as `mean [low, high]`. Numbers are rounded once, when printed. `std_table_*.csv` hold the seed "
               "std, `ci_table_*.csv` the half-widths (unrounded). A participant's column names its architecture.",
-              ""]
+              "", f"**What the intervals cover:** {interval_coverage(full)}", ""]
         if (df["method"] == "base_pretrain").any():
             md += ["`base_pretrain` is the papers' SOLO/BASE row: each participant trained alone on its private "
                    "data for `pretrain.epochs` epochs (the pretrain runs, final epoch); `base` is the same without "
