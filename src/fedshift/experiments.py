@@ -75,6 +75,9 @@ def user_methods_win(merged: Mapping, own: Mapping) -> Tuple[dict, List[str]]:
             mine = own_methods.get(m) or {}
             theirs = ((own_so.get(scen) or {}).get("methods") or {}).get(m) or {}
             for k in [k for k in (keys or {}) if k in mine and k not in theirs]:
+                if mine[k] == keys[k]:  # the same value: nothing to say
+                    keys.pop(k)
+                    continue
                 notes.append(f"methods.{m}.{k}: {mine[k]!r} (this grid) replaces the base file's "
                              f"scenario_overrides.{scen}.methods.{m}.{k}: {keys[k]!r}")
                 keys.pop(k)
