@@ -143,6 +143,21 @@ def interval_coverage(runs: pd.DataFrame) -> str:
     return cover(runs)
 
 
+def mixed_protocols(runs: pd.DataFrame) -> List[str]:
+    """A warning line when the server-averaging rows of one table were scored under different
+    ``eval_models`` / ``weighting`` (e.g. a plugin under McMahan's protocol beside FedAvg under the FCCL+
+    authors'): such rows do not compare like for like."""
+    if "protocol" not in runs.columns:
+        return []
+    per = (runs.dropna(subset=["protocol"]).loc[lambda d: d["protocol"].astype(str) != ""]
+           .groupby("method")["protocol"].first())
+    if per.nunique() < 2:
+        return []
+    return ["**⚠ Mixed scoring protocols in this table:** " + "; ".join(f"{m}: {p}" for m, p in per.items())
+            + " (`eval_models: local` scores each participant's own model after local updating, `global` the "
+            "averaged model; set them equal in the grid's `methods:` block to compare like for like).", ""]
+
+
 def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None, last_k: int = 3,
                 tracking: bool = True) -> List[Path]:
     df = pd.read_csv(runs_csv)
@@ -176,6 +191,8 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
                 ci = ci_table(sd, t["seeds"])
                 ci.to_csv(tmp / f"ci_table_{kind}__{slug}.csv")  # 95% CI half-width, same layout
                 md.append(to_markdown(t, f"{tname} {metric}: {scen} / public {pub} / {struct}", ci, archs))
+                if kind == "inter":
+                    md += mixed_protocols(sub)
             curves_figure(sub, tmp / f"curves__{slug}.png", f"{scen} / public {pub} / {struct}")
             md.append(f"![curves](curves__{slug}.png)\n")
         named = {}  # (table name, scenario, public, structure) -> (table, std): ablation bar charts
