@@ -239,7 +239,7 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
         base_models = build_models(archs, data.num_classes, data.image_shape[0], eng.norm, seed)
         for m, a, ck in zip(base_models, archs, cfg["paths"]["pretrained"]):
             load_checkpoint(m, Path(ck), a)
-        if getattr(method.p, "init", "scratch") == "base":
+        if method.init_from == "base":
             for m, b in zip(models, base_models):
                 m.load_state_dict(b.state_dict())
     fed = Federation(data, models, archs, eng, seed, device)
@@ -339,14 +339,14 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
               "for a non-finite loss (engine.on_nonfinite: skip_batch)", flush=True)
     if eng.select == "best_val":  # FedH2L § IV-A model selection
         metrics["headline"], metrics["selected_rounds"] = h2l_metrics.best_val_headline(history, eval_rounds)
-    metrics.update(getattr(method, "run_summary", lambda fed: {})(fed))  # e.g. FedH2L's communication bytes
+    metrics.update(method.run_summary(fed))  # e.g. FedH2L's communication bytes
     states: Dict[int, Dict[str, torch.Tensor]] = {}  # a model shared by clients (server_model) is stored once
     for c in fed.clients:
         if id(c.model) not in states:
             states[id(c.model)] = checkpoint.module_state(c.model)
     models_pt = {"participants": {c.name: {"arch": c.arch, "state_dict": states[id(c.model)]} for c in fed.clients},
                  "scenario": cfg["scenario"], "run": cfg["run_name"]}
-    _write_outputs(out_dir, cfg, metrics, all_rows, tracker, extra=getattr(method, "artifacts", None),
+    _write_outputs(out_dir, cfg, metrics, all_rows, tracker, extra=method.artifacts,
                    models=models_pt)
     checkpoint.clear(partial)
     return metrics

@@ -868,8 +868,8 @@ def interval_coverage(runs: pd.DataFrame) -> str:
                 "share one draw (`data_seed: fixed`: training noise only); runs.csv's data_seed column says which.")
     return ("every seed trained and was evaluated on one data draw (`data_seed: fixed`): the intervals cover "
             "training noise (initialisation, batch order) only, not the variation of another draw of the "
-            "partitions or test images, which can be as large (a 150-image test set at 88 % has a binomial sd "
-            "of 2.7 points).")
+            "partitions and test images, which can be as large: a test set of n images at accuracy p alone has a "
+            "binomial sd of √(p(1 − p)/n), 2.7 points for 150 images at 88 %.")
 
 
 def delta_figure(cells: pd.DataFrame, path: Path, title: str) -> None:
