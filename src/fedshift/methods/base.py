@@ -45,6 +45,17 @@ class BaseParams:
     init: Literal["scratch", "base"] = "scratch"  # start from random weights or the BASE (SOLO) checkpoints
 
 
+@dataclass(frozen=True)
+class ServerParams(BaseParams):
+    """What every server-averaging method (FedAvg and its family, plugins included) is configured by;
+    a method's own Params extend it with their fields (``class FedAvgMParams(ServerParams): beta: ...``)."""
+
+    weighting: Literal["samples", "uniform"] = "samples"  # McMahan 2017: weight client k by n_k
+    # global: score the round-end average (McMahan); local: average at the round's start, score each
+    # participant after local updating (FCCL+ authors' code, Table XV / CVPR Table 3; methods.fedavg docstring)
+    eval_models: Literal["global", "local"] = "global"
+
+
 class Method:
     name: ClassVar[str] = "base"
     Params: ClassVar[type] = BaseParams

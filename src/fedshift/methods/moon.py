@@ -49,16 +49,13 @@ import torch.nn.functional as F
 
 from ..engine.federation import frozen_copy
 from ..losses import moon_contrastive_loss
-from .base import METHODS
+from .base import METHODS, ServerParams
 from .fccl import refresh_copy
 from .fedavg import FedAvg
 
 
 @dataclass(frozen=True)
-class MOONParams:
-    init: Literal["scratch", "base"] = "scratch"  # authors' baselines start from scratch
-    weighting: Literal["samples", "uniform"] = "samples"  # FedAvg: weight by n_k
-    eval_models: Literal["global", "local"] = "global"  # global: McMahan; local: FCCL+ authors' code (fedavg.py)
+class MOONParams(ServerParams):
     tau: float = 0.5  # temperature of the model-contrastive loss (FCCL+ Table VII; MOON: 0.5)
     mu: float = 1.0  # weight of the model-contrastive loss (FCCL+ Table VII; MOON: 1 or 5)
     # BatchNorm of the two teachers (global, previous local model): "eval" = their running statistics
