@@ -183,8 +183,11 @@ def _job(kind: str, args) -> None:
     previous = {s: signal.signal(s, interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
     if getattr(args, "die_with_parent", False):
         _die_with_parent()
+    from .provenance import run_lock
+
     try:
-        _run_job(kind, args)
+        with run_lock(Path(args.out)):  # one job per run folder: a second one names the PID (issue 38)
+            _run_job(kind, args)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
@@ -198,6 +201,12 @@ def _run_job(kind: str, args) -> None:
     cfg = yaml.safe_load(Path(args.config).read_text())
     apply_thread_allocation(cfg, kind, getattr(args, "threads", None))
     fn = runner.run_pretrain if kind == "pretrain" else runner.run_federate
+    allow = bool(getattr(args, "resume_across_code_change", False)
+                 or os.environ.get("FEDSHIFT_RESUME_ACROSS_CODE_CHANGE", "") not in ("", "0"))
+    if allow:
+        import functools
+
+        fn = functools.partial(fn, allow_code_change=True)
     if args.no_tracking or os.environ.get("FEDSHIFT_TRACKING", "mlflow") == "none":
         fn(cfg, Path(args.out))
         return
@@ -293,7 +302,7 @@ def cmd_relocate_store(args) -> None:
 def cmd_evaluate(args) -> None:
     from .runner import evaluate_run
 
-    summary = evaluate_run(Path(args.run_dir), device=args.device, bf16=args.bf16)
+    summary = evaluate_run(Path(args.run_dir), device=args.device, bf16=args.bf16, force=args.force)
     import yaml
 
     rounds = ((yaml.safe_load((Path(args.run_dir) / "config.yaml").read_text()) or {}).get("engine") or {}).get("rounds")
@@ -345,6 +354,9 @@ def main(argv: List[str] | None = None) -> int:
                        help="stop (keeping the checkpoint) when the parent process dies (the Snakemake rules)")
         p.add_argument("--threads", type=int, default=None,
                        help="torch threads when the config sets none (the rules pass their allocation)")
+        p.add_argument("--resume-across-code-change", action="store_true",
+                       help="resume a checkpoint written by other fedshift code (else refused; also "
+                            "FEDSHIFT_RESUME_ACROSS_CODE_CHANGE=1, e.g. under Snakemake)")
         p.set_defaults(fn=fn)
 
     p = sub.add_parser("collect", help="gather run folders into one tidy CSV")
@@ -366,6 +378,8 @@ def main(argv: List[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="evaluate under bf16 autocast (--bf16) or in float32 (--no-bf16); default: as the run")
+    p.add_argument("--force", action="store_true",
+                   help="score a run whose recorded partition differs from the current one (both hashes printed)")
     p.set_defaults(fn=cmd_evaluate)
 
     p = sub.add_parser("validate", help="check the experiment grid and configs")

@@ -90,6 +90,21 @@ def federate_inputs(wc):
     return inputs
 
 
+def federate_data(wc):
+    """The content of the data folders the job reads (a `params:` entry: Snakemake's params trigger
+    reruns the job when its data was rebuilt, even while it ran; fedshift.provenance, issue 38)."""
+    from fedshift.provenance import data_fingerprint
+
+    cfg = PLAN.federate_config(federate_key(wc))
+    return data_fingerprint([cfg["paths"]["partition"]] + ([cfg["paths"]["public"]] if cfg["paths"]["public"] else []))
+
+
+def pretrain_data(wc):
+    from fedshift.provenance import data_fingerprint
+
+    return data_fingerprint([pretrain_cfg(wc)["paths"]["partition"]])
+
+
 FEDERATE_METRICS = [f"results/federate/{j.path}/metrics.json" for j in PLAN.federate]
 PRETRAIN_METRICS = [f"results/pretrain/{j.path}/metrics.json" for j in PLAN.pretrain]
 

@@ -66,9 +66,40 @@ def pretrain_rows(fed_cfgs: Iterable[dict], pretrain_dirs: Iterable[Path]) -> pd
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def _folder(d: Path) -> Path:
+    d = Path(d)
+    return d.parent if d.name in ("metrics.json", "model.pt") else d
+
+
+def current_runs(run_dirs: Iterable[Path], kind: str = "run") -> list:
+    """The run folders whose recorded inputs (``inputs.json``) still equal the current files; each
+    one left out is listed on stderr (issue 38: a result of data that is gone never reaches the
+    tables). Folders without ``inputs.json`` (published before it existed) are kept."""
+    import sys
+
+    from ..provenance import stale
+
+    kept, left = [], []
+    for d in run_dirs:
+        why = stale(_folder(d))
+        (left if why else kept).append(d if not why else why)
+    if left:
+        print(f"fedshift: warning: collect skips {len(left)} {kind}(s) whose inputs changed since they ran "
+              "(rerun them: snakemake reruns them):", file=sys.stderr)
+        for why in left:
+            print(f"  skipped {why}", file=sys.stderr)
+    return kept
+
+
 def collect(run_dirs: Iterable[Path], out: Path, pretrain_dirs: Iterable[Path] = ()) -> pd.DataFrame:
+    run_dirs = current_runs(list(run_dirs), "federated run")
+    if not run_dirs:
+        from ..errors import ConfigError
+
+        raise ConfigError("every federated run given to collect was made from inputs that changed since "
+                          "(listed above); rerun them (snakemake) before collecting")
     frames = [load_run(Path(d)) for d in run_dirs]
-    pretrain_dirs = list(pretrain_dirs)
+    pretrain_dirs = current_runs(list(pretrain_dirs), "pretrain run")
     if pretrain_dirs:
         cfgs = []
         for d in run_dirs:
