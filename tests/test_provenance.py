@@ -275,7 +275,7 @@ def test_data_fingerprint_prefers_dvc_lock_then_manifest(tmp_path):
 @pytest.mark.slow
 def test_code_edit_in_a_scratch_clone_stops_the_resume(tiny_data, tmp_path, monkeypatch):
     """Case 3 with the real command: interrupted under this code, rerun by `fedshift federate` from a
-    scratch copy of the package with one edit -> one line, rc 1; the switch resumes it."""
+    scratch copy of the package with one edit -> one line, rc 1, the checkpoint kept."""
     import yaml
 
     from fedshift.methods.fedavg import FedAvg
@@ -298,8 +298,175 @@ def test_code_edit_in_a_scratch_clone_stops_the_resume(tiny_data, tmp_path, monk
     assert res.returncode == 1, res.stderr[-2000:]
     line = [ln for ln in res.stderr.splitlines() if ln.startswith("fedshift: error:")]
     assert len(line) == 1 and "was written by code" in line[0] and "--resume-across-code-change" in line[0], res.stderr
+    assert not out.exists() and _checkpoint_round(checkpoint.partial_dir(out)) == 1  # kept for the switch
+    # --resume-across-code-change: test_resume_refuses_other_code_unless_asked (in-process, cheaper)
+
+
+# ---------------------------------------------------------------------- the poor cases of issue 38
+def _part_copy(tiny_data, tmp_path):
+    part = tmp_path / "partitions/rotmnist"
+    shutil.copytree(tiny_data / "partitions/rotmnist", part)
+    return part, store.read_manifest(part)["participants_order"][0]
+
+
+@pytest.mark.parametrize("files, message", [
+    ({}, r"manifest.json: key 'files' \({}\) must map every data file to its sha256"),
+    ("partial", r"m\d+/\w+\.npy \(and \d+ more\) is not listed in .*manifest.json's 'files', so its sha256 cannot be checked"),
+])
+def test_empty_or_partial_files_map_is_refused(tiny_data, tmp_path, files, message):
+    """`files: {}` verified nothing (300 inverted images trained to rc 0)."""
+    part, _ = _part_copy(tiny_data, tmp_path)
+    m = store.read_manifest(part)
+    m["files"] = {} if files == {} else dict(list(m["files"].items())[:3])
+    store.write_json(part / "manifest.json", m)
+    with pytest.raises(ConfigError, match=message):
+        runner.verify_inputs([part])
+
+
+def test_missing_manifest_key_and_damaged_npy_are_one_line(tiny_data, tmp_path):
+    from fedshift.data.loading import load_federated
+
+    part, name = _part_copy(tiny_data, tmp_path)
+    m = store.read_manifest(part)
+    del m["participants"][name]["domain"]
+    store.write_json(part / "manifest.json", m)
+    with pytest.raises(ConfigError, match=rf"^{part / 'manifest.json'}: missing key 'domain'; rebuild it with `dvc repro`$"):
+        load_federated(part)
+    del m["image_shape"]
+    store.write_json(part / "manifest.json", m)
+    with pytest.raises(ConfigError, match=r"manifest.json: missing key 'image_shape'"):
+        load_federated(part)
+    path = part / name / "test_images.npy"
+    path.write_bytes(path.read_bytes()[:100])
+    with pytest.raises(ConfigError, match=rf"^{path} is damaged, numpy cannot read it \(.+\); rebuild it with `dvc repro`$"):
+        store.load_split(part / name, "test")
+
+
+def test_damaged_base_checkpoint_is_one_line(tmp_path):
+    path = tmp_path / "model.pt"
+    path.write_bytes(b"PK\x03\x04 not a zip")
+    with pytest.raises(ConfigError, match=rf"^{path} is damaged, torch cannot read it \(.*\); rerun the pretrain"):
+        runner.load_checkpoint(torch.nn.Linear(2, 2), path, "lenet")
+    torch.save({"arch": "lenet"}, path)
+    with pytest.raises(ConfigError, match=rf"{path} lacks the key 'state_dict' \(has \['arch'\]\)"):
+        runner.load_checkpoint(torch.nn.Linear(2, 2), path, "lenet")
+
+
+def _interrupted(tiny_data, tmp_path, monkeypatch, rounds=3):
+    from fedshift.methods.fedavg import FedAvg
+    from test_resume import _stop_in_round
+
+    cfg = _cfg(tiny_data, tmp_path, rounds=rounds)
+    out = tmp_path / "run"
+    _, real = _stop_in_round(monkeypatch, FedAvg, stop_at=2)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_federate(cfg, out)
+    monkeypatch.setattr(FedAvg, "run_round", real)
+    partial = checkpoint.partial_dir(out)
+    return cfg, out, partial, torch.load(partial / checkpoint.CHECKPOINT, weights_only=True)
+
+
+def test_impossible_and_nonfinite_checkpoints(tiny_data, tmp_path, monkeypatch, caplog):
+    """round > engine.rounds published a FINISHED run trained 2 of 8 rounds; NaN weights were resumed forever."""
+    import logging
+
+    cfg, out, partial, ckpt = _interrupted(tiny_data, tmp_path, monkeypatch)
+    torch.save({**ckpt, "round": 7}, partial / checkpoint.CHECKPOINT)
+    with pytest.raises(RunError, match=rf"^{partial / 'checkpoint.pt'}: key 'round' is 7, outside 1\.\.3 \(the job's "
+                                       r"rounds/epochs\); the file is damaged or not this job's: remove .* to start afresh$"):
+        runner.run_federate(cfg, out)
     assert not out.exists()
-    res = subprocess.run(cmd + ["--resume-across-code-change"], capture_output=True, text=True, env=env, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    assert "resuming anyway" in res.stderr and f"resuming {cfg['run_name']} after round 1" in res.stdout
-    assert provenance.read(out)["code"]["files_sha256"] != provenance.code_version()["files_sha256"]
+    key = next(iter(ckpt["models"][0]))
+    ckpt["models"][0][key] = ckpt["models"][0][key].clone().fill_(float("nan"))
+    torch.save(ckpt, partial / checkpoint.CHECKPOINT)
+    with caplog.at_level(logging.WARNING, logger="fedshift.engine.checkpoint"):
+        runner.run_federate(cfg, out)
+    msgs = [r.getMessage() for r in caplog.records if "non-finite weights" in r.getMessage()]
+    assert len(msgs) == 1 and f"(models[0] {key}): set aside as checkpoint.pt.nonfinite-" in msgs[0]
+    assert json.loads((out / "metrics.json").read_text())["timings"]["resumed_after_rounds"] == []  # afresh
+
+
+def test_plugin_state_not_weights_only_is_one_line_at_the_first_checkpoint(tiny_data, tmp_path, monkeypatch, caplog):
+    """A method whose state_dict() holds an arbitrary object checkpointed every round and never resumed."""
+    import logging
+
+    from fedshift.methods.fedavg import FedAvg
+
+    class Opaque:
+        pass
+
+    real = FedAvg.state_dict
+    monkeypatch.setattr(FedAvg, "state_dict", lambda self: {**real(self), "cache": Opaque()})
+    with caplog.at_level(logging.WARNING, logger="fedshift.runner"):
+        runner.run_federate(_cfg(tiny_data, tmp_path, rounds=3), tmp_path / "run")
+    msgs = [r.getMessage() for r in caplog.records if "weights_only" in r.getMessage()]
+    assert len(msgs) == 1, caplog.text
+    assert msgs[0].startswith("method 'fedavg' (fedavg): state_dict() key 'cache' cannot be loaded with "
+                              "torch.load(weights_only=True)") and "goes on without checkpoints (no resume)" in msgs[0]
+
+
+def test_yaml_alias_bomb_is_refused_and_shorthand_aliases_load(tmp_path):
+    from fedshift.experiments import load_yaml
+
+    lines = ["a: &a [x, x, x, x, x, x, x, x, x, x]"]
+    for i in range(1, 9):
+        lines.append(f"{chr(97 + i)}: &{chr(97 + i)} [" + ", ".join([f"*{chr(96 + i)}"] * 10) + "]")
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\n")
+    assert len(bomb.read_bytes()) < 700
+    with pytest.raises(ConfigError, match=rf"^{bomb}: YAML aliases expand \d+ values into [\d,]+, more than 100,000"):
+        load_yaml(bomb)
+    loop = tmp_path / "loop.yaml"
+    loop.write_text("a: &a [1, *a]\n")
+    with pytest.raises(ConfigError, match="refers to itself"):
+        load_yaml(loop)
+    assert load_yaml(REPO / "params/experiments.yaml")["grid"]  # its anchors (shared methods lists) load
+    assert load_yaml(REPO / "params/ablations/engine_defaults.yaml")
+
+
+@pytest.mark.parametrize("exp, message", [
+    ({"engine": {"momentum": -5}}, r"momentum must be in \[0, 1\) \(0: plain SGD\), got -5"),
+    ({"engine": {"momentum": 1.0}}, r"momentum must be in \[0, 1\)"),
+    ({"pretrain": {"momentum": 2}}, r"momentum must be in \[0, 1\)"),
+    ({"methods": {"fedmmd": {"min_kernel_scale": 0}}, "m": "fedmmd"}, r"min_kernel_scale must be > 0"),
+    ({"engine": {"device": "cpu\n"}}, r"device"),
+    ({"variants": {"v\n": {"method": "fedavg"}}, "m": "fedavg"}, r"invalid name 'v\\n'"),
+])
+def test_ranges_and_full_match_names_in_validate(exp, message):
+    from fedshift.experiments import load_experiments
+
+    exp = dict(exp)
+    method = exp.pop("m", "fedavg")
+    exp["grid"] = [{"scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": [method], "structures": ["homo_lenet"]}]
+    with pytest.raises(ConfigError, match=message):
+        load_experiments(exp, {"scenarios": {"rotmnist": {}}, "public": {"photo_patches": {}}})
+
+
+def test_round_whose_sampled_clients_hold_no_data_warns(caplog):
+    import logging
+
+    from fedshift.engine.sampling import round_clients
+    from helpers import synthetic_federation
+
+    fed = synthetic_federation(3, clients_per_round=1)
+    for c in fed.clients:
+        x, y = c.data.splits["private"]
+        c.data.splits["private"] = (x[:0], y[:0])
+    with caplog.at_level(logging.WARNING, logger="fedshift.engine.sampling"):
+        round_clients(fed, 1)
+    assert "round 1: the 1 sampled client(s) (client" in caplog.text and "hold no private data" in caplog.text
+
+
+def test_full_disk_during_partition_is_one_line(tiny_data, tmp_path, monkeypatch):
+    from fedshift.data import build
+
+    def full(*a, **k):
+        raise OSError("470400 requested and 266112 written")
+
+    monkeypatch.setattr(store, "save_split", full)
+    out = tmp_path / "partitions/rotmnist"
+    with pytest.raises(RunError, match=rf"^cannot write partition 'rotmnist' in {tmp_path / 'partitions'}: needs about "
+                                       r"[\d,]+ bytes, [\d,]+ bytes free.* \(the write stopped short\); free space"):
+        build.partition("rotmnist", {"mnist5k": tiny_data / "datasets/mnist5k"}, out,
+                        {"per_class": 20, "alpha": 0.1, "val": 0.1, "test": 0.25})
+    assert not out.exists() and not list(out.parent.iterdir())

@@ -102,7 +102,7 @@ def _stage_name(args, arg: str) -> str:
             raise ConfigError(f"--dvc-stage: DVC_STAGE={stage!r} is not a foreach stage (<stage>@<name>); "
                               f"run it through `dvc repro` or name the {arg} instead")
         name = stage.split("@", 1)[1]
-    if not name or not _SAFE_NAME.match(name):
+    if not name or not _SAFE_NAME.fullmatch(name):
         raise ConfigError(f"params/data.yaml: {arg} name {name!r} is not a plain name "
                           "(letters, digits, '_', '.', '-'; starting with a letter or digit)")
     setattr(args, arg, name)
@@ -194,11 +194,11 @@ def _job(kind: str, args) -> None:
 
 
 def _run_job(kind: str, args) -> None:
-    import yaml
-
     from . import runner
     from .engine import checkpoint
-    cfg = yaml.safe_load(Path(args.config).read_text())
+    from .config import safe_load_yaml
+
+    cfg = safe_load_yaml(Path(args.config).read_text(), str(args.config))  # aliases bounded (issue 38)
     apply_thread_allocation(cfg, kind, getattr(args, "threads", None))
     fn = runner.run_pretrain if kind == "pretrain" else runner.run_federate
     allow = bool(getattr(args, "resume_across_code_change", False)
@@ -255,9 +255,9 @@ def cmd_collect(args) -> None:
 def cmd_report(args) -> None:
     from .report.report import make_report
 
-    import yaml
+    from .config import safe_load_yaml
 
-    report_cfg = yaml.safe_load(Path(args.config).read_text()) if args.config else {}
+    report_cfg = safe_load_yaml(Path(args.config).read_text(), str(args.config)) if args.config else {}
     make_report(Path(args.runs_csv), Path(args.out), report_cfg or {}, tracking=not args.no_tracking)
 
 
@@ -303,9 +303,10 @@ def cmd_evaluate(args) -> None:
     from .runner import evaluate_run
 
     summary = evaluate_run(Path(args.run_dir), device=args.device, bf16=args.bf16, force=args.force)
-    import yaml
+    from .config import safe_load_yaml
 
-    rounds = ((yaml.safe_load((Path(args.run_dir) / "config.yaml").read_text()) or {}).get("engine") or {}).get("rounds")
+    cfg_path = Path(args.run_dir) / "config.yaml"
+    rounds = ((safe_load_yaml(cfg_path.read_text(), str(cfg_path)) or {}).get("engine") or {}).get("rounds")
     print(f"# {args.run_dir}: the published models.pt = the final models after round {rounds} "
           "(not the best round); re-scored on every domain's test set")
     for key in sorted(summary):

@@ -31,6 +31,7 @@ import subprocess
 from pathlib import Path
 from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
+from .config import safe_load_yaml
 from .data.store import atomic_write_text, sha256_file
 from .errors import ConfigError, RunError
 
@@ -204,8 +205,8 @@ def _dvc_outs(lock: str, mtime_ns: int) -> Dict[str, str]:
     import yaml
 
     try:
-        doc = yaml.safe_load(Path(lock).read_text()) or {}
-    except (OSError, yaml.YAMLError):
+        doc = safe_load_yaml(Path(lock).read_text(), lock) or {}
+    except (OSError, yaml.YAMLError, ConfigError):
         return {}
     outs = {}
     for stage in (doc.get("stages") or {}).values() if isinstance(doc, dict) else ():

@@ -532,14 +532,14 @@ def evaluate_run(run_dir: Path, device: str = "cpu", bf16: Optional[bool] = None
     A run whose recorded data (``inputs.json``, :mod:`fedshift.provenance`) differs from the
     current partition is refused: its test sets may hold the run's training images. ``force``
     scores it anyway, printing both hashes. Non-finite weights are refused."""
-    import yaml
-
     run_dir = Path(run_dir)
     path = run_dir / "models.pt"
     if not (run_dir / "config.yaml").exists() or not path.exists():
         raise ConfigError(f"{run_dir} holds no config.yaml + models.pt; give a finished federated run folder "
                           "(results/federate/<scenario>/<public>/<method>/<structure>/seed<n>)")
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    from .config import safe_load_yaml
+
+    cfg = safe_load_yaml((run_dir / "config.yaml").read_text(), str(run_dir / "config.yaml"))
     _check_evaluated_data(run_dir, cfg, force)
     fix = f"rerun the job that published {run_dir}"
     saved = read_torch(path, fix, keys=("participants",))["participants"]

@@ -35,6 +35,15 @@ if _USER_FILES:
     GRID["report"] = {}
     for _doc in _USER_DOCS:
         GRID["report"] = deep_merge(GRID["report"], _doc.get("report") or {})
+# fedshift's reader bounds what YAML aliases expand to (an alias bomb would exhaust memory in the
+# schema check below; issue 38): every grid file passes it first.
+from fedshift.experiments import load_yaml as _load_yaml
+
+for _f in ["params/experiments.yaml"] + list(workflow.overwrite_configfiles or []):
+    try:
+        _load_yaml(_f) if os.path.exists(_f) else None
+    except ConfigError as exc:
+        raise WorkflowError(f"fedshift: error: {exc}") from None
 validate(GRID, schema="../schemas/experiments.schema.yaml")
 try:
     PLAN = load_experiments(GRID, DATA_PARAMS)

@@ -19,18 +19,23 @@ from pathlib import Path
 from typing import Iterable
 
 import pandas as pd
-import yaml
 
 from ..data.store import atomic_write_text
 
 ID_COLUMNS = ["scenario", "public", "method", "base_method", "structure", "seed"]
 
 
+def _config(run_dir: Path) -> dict:
+    from ..config import safe_load_yaml
+
+    return safe_load_yaml((Path(run_dir) / "config.yaml").read_text(), str(Path(run_dir) / "config.yaml"))
+
+
 def load_run(run_dir: Path) -> pd.DataFrame:
     run_dir = Path(run_dir)
     if run_dir.name == "metrics.json":
         run_dir = run_dir.parent
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    cfg = _config(run_dir)
     df = pd.read_csv(run_dir / "rounds.csv")
     for col in ID_COLUMNS:
         df[col] = cfg.get(col)
@@ -48,7 +53,7 @@ def pretrain_rows(fed_cfgs: Iterable[dict], pretrain_dirs: Iterable[Path]) -> pd
         d = Path(d)
         if d.name in ("metrics.json", "model.pt"):
             d = d.parent
-        cfg = yaml.safe_load((d / "config.yaml").read_text())
+        cfg = _config(d)
         df = pd.read_csv(d / "rounds.csv")
         last[(cfg["scenario"], cfg["participant"], cfg["arch"], int(cfg["seed"]))] = df[df["round"] == df["round"].max()]
     frames, seen = [], set()
@@ -104,7 +109,7 @@ def collect(run_dirs: Iterable[Path], out: Path, pretrain_dirs: Iterable[Path] =
         cfgs = []
         for d in run_dirs:
             d = Path(d).parent if Path(d).name == "metrics.json" else Path(d)
-            cfgs.append((yaml.safe_load((d / "config.yaml").read_text()), int(load_run(d)["round"].max())))
+            cfgs.append((_config(d), int(load_run(d)["round"].max())))
         frames.append(pretrain_rows(cfgs, pretrain_dirs))
     df = pd.concat(frames, ignore_index=True)
     cols = ID_COLUMNS + ["round", "participant", "arch", "domain", "kind", "top1", "top5", "local_epochs"]
