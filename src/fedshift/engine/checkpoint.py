@@ -267,8 +267,10 @@ def weights_only_problem(state: Any) -> Optional[tuple]:
             torch.save(value, buf)
             buf.seek(0)
             torch.load(buf, map_location="cpu", weights_only=True)
-        except Exception as exc:
-            return str(key), (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        except Exception as exc:  # torch's message opens with generic advice: keep the unpickler's line
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [type(exc).__name__]
+            why = next((ln for ln in lines if "Unsupported global" in ln or "Unpickler error" in ln), lines[0])
+            return str(key), why[:200]
     return None
 
 
