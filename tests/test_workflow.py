@@ -164,6 +164,17 @@ def test_every_run_folder_records_the_current_manifests(ran):
         assert "partition/rotmnist" in rec["inputs"] and len(rec["code"]["files_sha256"]) == 64
     fccl = json.loads((root / "results/federate/rotmnist/photo_patches/fccl_plus/homo_lenet/seed0/inputs.json").read_text())
     assert sorted(fccl["inputs"]) == ["base/0", "base/1", "base/2", "base/3", "partition/rotmnist", "public/photo_patches"]
+    import mlflow  # the MLflow run carries the same code version, and says whether the tree was dirty
+
+    client = mlflow.MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("rotmnist")
+    (run,) = [r for r in client.search_runs([exp.experiment_id], max_results=100)
+              if r.data.tags["fedshift.run_key"].endswith("/fccl_plus/homo_lenet/seed0")]
+    code = fccl["code"]
+    assert run.data.tags["code.sha256"] == code["files_sha256"]
+    assert run.data.tags["git.dirty"] == str(code["dirty"]).lower()
+    if code["commit"]:
+        assert run.data.tags["git.commit"] == code["commit"] + ("-dirty" if code["dirty"] else "")
 
 
 def test_html_report_carries_report_md_claims_and_says_what_the_pm_is(ran):
