@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
-from .config import resolve, to_dict
+from .config import resolve, safe_load_yaml, to_dict
 from .errors import ConfigError
 
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "experiments.schema.yaml"
@@ -36,7 +36,7 @@ NAME = re.compile(r"^[a-z][a-z0-9_-]*$")  # names that become path parts, wildca
 def check_name(name: Any, where: str) -> None:
     """A variant, grid or report name must be a plain lowercase identifier (it becomes a folder name
     and a word in shell commands: ``../x`` would write outside the results tree)."""
-    if not isinstance(name, str) or not NAME.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):  # `$` also matches before a final newline
         raise ConfigError(f"{where}: invalid name {name!r}; use a plain lowercase identifier "
                           "(lowercase letters, digits, '_' or '-', starting with a letter)")
 
@@ -142,7 +142,7 @@ def load_yaml(path: Path) -> dict:
     if not path.exists():
         raise ConfigError(f"missing config file {path}")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = safe_load_yaml(path.read_text(), str(path))  # aliases bounded (issue 38)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)  # file:line:column

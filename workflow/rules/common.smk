@@ -45,6 +45,15 @@ if _USER_FILES:
     GRID["report"] = _report
     for _note in _notes:
         print(f"fedshift: note: {_note}", file=sys.stderr)
+# fedshift's reader bounds what YAML aliases expand to (an alias bomb would exhaust memory in the
+# schema check below; issue 38): every grid file passes it first.
+from fedshift.experiments import load_yaml as _load_yaml
+
+for _f in ["params/experiments.yaml"] + list(workflow.overwrite_configfiles or []):
+    try:
+        _load_yaml(_f) if os.path.exists(_f) else None
+    except ConfigError as exc:
+        raise WorkflowError(f"fedshift: error: {exc}") from None
 validate(GRID, schema="../schemas/experiments.schema.yaml")
 try:
     PLAN = load_experiments(GRID, DATA_PARAMS)
@@ -100,6 +109,21 @@ def federate_inputs(wc):
     for i, ckpt in enumerate(cfg["paths"]["pretrained"] or []):
         inputs[f"pretrained_{i}"] = ckpt
     return inputs
+
+
+def federate_data(wc):
+    """The content of the data folders the job reads (a `params:` entry: Snakemake's params trigger
+    reruns the job when its data was rebuilt, even while it ran; fedshift.provenance, issue 38)."""
+    from fedshift.provenance import data_fingerprint
+
+    cfg = PLAN.federate_config(federate_key(wc))
+    return data_fingerprint([cfg["paths"]["partition"]] + ([cfg["paths"]["public"]] if cfg["paths"]["public"] else []))
+
+
+def pretrain_data(wc):
+    from fedshift.provenance import data_fingerprint
+
+    return data_fingerprint([pretrain_cfg(wc)["paths"]["partition"]])
 
 
 FEDERATE_METRICS = [f"results/federate/{j.path}/metrics.json" for j in PLAN.federate]

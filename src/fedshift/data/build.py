@@ -123,6 +123,14 @@ def partition(name: str, dataset_dirs: Mapping[str, Path], out_dir: Path, overri
     if not audit["disjoint_by_index"] or not audit["disjoint_by_hash"]:
         raise RuntimeError(f"scenario {name!r}: training and evaluation splits overlap: {audit['overlaps'][:5]}")
     audit["eval_samples_removed_as_duplicates"] = removed
+    try:
+        return _write_partition(name, spec, params, needed, dataset_dirs, parts, audit, Path(out_dir))
+    except OSError as exc:  # full disk / ulimit -f: numpy's "470400 requested and 266112 written" (issue 38)
+        needed_bytes = sum(store.tensor_bytes([s.images, s.labels]) * 2 for p in parts.values() for s in p.splits.values())
+        raise store.write_failure(f"partition {name!r}", Path(out_dir).parent, needed_bytes, exc) from None
+
+
+def _write_partition(name, spec, params, needed, dataset_dirs, parts, audit, out_dir: Path) -> dict:
     with store.atomic_dir(Path(out_dir)) as tmp:
         participants = {}
         for pname, part in parts.items():

@@ -174,7 +174,7 @@ DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 def check_device(spec: str) -> None:
     """``auto``, ``cpu``, ``mps``, ``cuda`` or ``cuda:<index>`` (the form only; see :func:`check_cuda`)."""
-    if not isinstance(spec, str) or not DEVICE_RE.match(spec):
+    if not isinstance(spec, str) or not DEVICE_RE.fullmatch(spec):
         raise ValueError(f"device: invalid value {spec!r}; valid: auto, cpu, cuda, cuda:<index>, mps")
 
 
@@ -225,6 +225,9 @@ def check_common(cfg) -> None:
         raise ValueError(f"lr must be >= 0, got {cfg.lr}")
     if cfg.weight_decay < 0:
         raise ValueError(f"weight_decay must be >= 0, got {cfg.weight_decay}")
+    momentum = getattr(cfg, "momentum", 0.0)  # SGD's: negative or >= 1 passed validate and diverged (issue 38)
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum must be in [0, 1) (0: plain SGD), got {momentum}")
     if not isinstance(cfg.malloc_tuning, bool) and not 1 <= cfg.malloc_tuning <= 4096:
         raise ValueError(f"malloc_tuning must be true, false or a size in MB from 1 to 4096, got {cfg.malloc_tuning}")
     if cfg.recompute not in (True, False, "auto"):

@@ -49,6 +49,14 @@ def round_clients(fed, r: int):
         return list(fed.clients)
     if r not in fed.sampled:
         fed.sampled[r] = sample_indices(n, m, fed.sample_gen)
+        chosen = [fed.clients[i] for i in fed.sampled[r]]
+        if not any(c.num_private for c in chosen):  # the round would silently train nothing (issue 38)
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "round %d: the %d sampled client(s) (%s) hold no private data: this round trains nothing; "
+                "raise engine.clients_per_round/client_fraction or rebuild the partition so every client "
+                "holds data", r, len(chosen), ", ".join(c.name for c in chosen))
     return [fed.clients[i] for i in fed.sampled[r]]
 
 
