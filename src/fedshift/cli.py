@@ -26,7 +26,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Dict, List
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional
 
 from .errors import ConfigError
 
@@ -263,11 +263,38 @@ def cmd_report(args) -> None:
     make_report(Path(args.runs_csv), Path(args.out), report_cfg or {}, tracking=not args.no_tracking)
 
 
+def _data_not_built(plan, data_params: Path) -> Optional[str]:
+    """One line naming the partitions / public sets the grid reads that `dvc repro` has not built yet
+    (and the hand-supplied archives they need), or None when all are there. The grid itself is valid
+    either way: Snakemake's dvc_repro job builds them, or stops with one line when it cannot."""
+    from .data.registry import DATASETS, PUBLIC_SETS, SCENARIOS
+
+    folders = {c["paths"]["partition"] for c in (*plan.federate.values(), *plan.needed_pretrain().values())}
+    folders |= {c["paths"]["public"] for c in plan.federate.values() if c["paths"].get("public")}
+    missing = sorted(f for f in folders if not (Path(f) / "manifest.json").is_file())
+    if not missing:
+        return None
+    datasets = set()
+    for f in missing:
+        kind, name = Path(f).parent.name, Path(f).name
+        if kind == "partitions" and name in SCENARIOS:
+            datasets |= set(SCENARIOS.get(name).datasets)
+        elif kind == "public" and name in PUBLIC_SETS:
+            datasets.add(PUBLIC_SETS.get(name).dataset)
+    manual = sorted(d for d in datasets if d in DATASETS and DATASETS.get(d).manual)
+    how = ("`dvc repro`" if data_params == Path("params/data.yaml") else
+           f"`dvc repro` after copying {data_params} over params/data.yaml (DVC builds from that file only)")
+    return (f"data not built yet: {', '.join(missing)}; build with {how}"
+            + (f", which needs the hand-supplied archive(s) {', '.join(manual)} under data/ (docs/datasets.md)"
+               if manual else "") + "; until then the workflow stops at its dvc_repro job")
+
+
 def cmd_validate(args) -> None:
     from .experiments import load_experiments, snakemake_config
 
     exp = snakemake_config([Path(f) for f in args.experiments])
-    plan = load_experiments(exp, Path(exp.pop("data_params", None) or args.data_params))
+    data_params = Path(exp.pop("data_params", None) or args.data_params)
+    plan = load_experiments(exp, data_params)
     needed = plan.needed_pretrain()
     print(f"ok: {len(needed)} pretrain and {len(plan.federate)} federate jobs")
     # What a cluster will be asked for (the workflow's mem_mb, fedshift.resources): the largest request per kind.
@@ -280,6 +307,9 @@ def cmd_validate(args) -> None:
             print(f"largest {kind} SLURM memory request: {slurm_mem_mb(cfg, gpus=gpus)} MB ({cfg['run_name']}: "
                   f"estimated peak {job_estimate(cfg, gpus=gpus).describe()}, + {WRAPPER_MB:.0f} MB for Snakemake "
                   "in the allocation)")
+    missing = _data_not_built(plan, data_params)
+    if missing:  # a notice, not an error: the grid is valid, its data is just not there yet
+        print(missing, file=sys.stderr)
 
 
 def cmd_ui_url(args) -> None:
