@@ -30,16 +30,16 @@ def _rows(part):
 
 def test_pacs_holds_out_a_stratified_validation_share_of_train_at_224(tmp_path):
     for i, d in enumerate(PACS):
-        _store(tmp_path, f"{d}_train", 73 + 10 * i, 7, i)
-        _store(tmp_path, f"{d}_test", 40, 7, 10 + i)
-    parts = build_pacs({"pacs": tmp_path}, PacsParams(val=0.1))
+        _store(tmp_path, f"{d}_train", 40 + 5 * i, 7, i)
+        _store(tmp_path, f"{d}_test", 30, 7, 10 + i)
+    parts = build_pacs({"pacs": tmp_path}, PacsParams(val=0.2))
     other = build_pacs({"pacs": tmp_path}, PacsParams(val=0.3))
     for i, d in enumerate(PACS):
-        n = 73 + 10 * i
+        n = 40 + 5 * i
         sp, rows = parts[d].splits, _rows(parts[d])
         assert set(sp) == {"private", "public", "val", "test"}
         assert all(s.images.shape[1:] == (3, 224, 224) for s in sp.values())
-        assert len(rows["val"]) == round(0.1 * n) and rows["val"] | rows["private"] == set(range(n))
+        assert len(rows["val"]) == round(0.2 * n) and rows["val"] | rows["private"] == set(range(n))
         assert not rows["val"] & rows["private"] and not rows["public"] & rows["test"]
         assert {s.source for k, s in sp.items() if k in ("private", "val")} == {f"pacs/{d}_train"}
         assert len(set(sp["val"].labels.tolist())) == 7  # stratified: every class in the validation share
@@ -51,12 +51,12 @@ def test_pacs_holds_out_a_stratified_validation_share_of_train_at_224(tmp_path):
 
 def test_office_home_h2l_splits_65_10_10_15_at_224(tmp_path):
     for i, d in enumerate(OFFICE_HOME):
-        _store(tmp_path, d, 200, 65, i)
+        _store(tmp_path, d, 100, 65, i)
     parts = build_office_home_h2l({"office_home": tmp_path}, OfficeHomeH2LParams())
     for d in OFFICE_HOME:
         rows = _rows(parts[d])
-        assert [len(rows[k]) for k in ("public", "val", "test")] == [20, 20, 30]
-        assert set().union(*rows.values()) == set(range(200)) and sum(map(len, rows.values())) == 200
+        assert [len(rows[k]) for k in ("public", "val", "test")] == [10, 10, 15]
+        assert set().union(*rows.values()) == set(range(100)) and sum(map(len, rows.values())) == 100
         assert all(s.images.shape[1:] == (3, 224, 224) for s in parts[d].splits.values())
 
 
@@ -106,3 +106,48 @@ def test_table_grid_plans_the_papers_models_per_domain(grid, tmp_path):
 def test_office_home_h2l_rejects_a_split_without_private_data():
     with pytest.raises(ValueError, match="leaves no private data"):
         OfficeHomeH2LParams(public=0.4, val=0.3, test=0.3)
+
+
+# ------------------------------------------------------------ Table II: bandwidth-matched FedAvg / FedProx
+def test_table2_fedavg_rows_fit_fedh2ls_bandwidth_and_step_count():
+    """§ IV-A: FedAvg/FedProx restricted to FedH2L's bandwidth. Counted independently of the grid:
+    FedH2L sends 12 messages a round (4 nodes x 3 peers) of 32 posteriors over 10 classes + an accuracy
+    + 32 batch indices (4 bytes each); a FedAvg round moves 4 LeNets up and down."""
+    import math
+
+    from fedshift.models import create_model
+
+    cfg = yaml.safe_load((ROOT / "params/papers/fedh2l_table2.yaml").read_text())
+    n_params = sum(p.numel() for p in create_model("lenet", 10, 1).parameters())
+    fedh2l_total = cfg["engine"]["rounds"] * 12 * (32 * 10 * 4 + 4 + 32 * 4)
+    fedavg_round = 2 * 4 * n_params * 4
+    for name in ("fedavg", "fedprox"):
+        v = cfg["variants"][name]
+        rounds, epochs = v["engine"]["rounds"], v["engine"]["local_epochs"]
+        assert v["method"] == name and v["params"]["eval_models"] == "global"
+        assert rounds * fedavg_round <= fedh2l_total < (rounds + 1) * fedavg_round  # the most rounds that fit
+        for private in (700, 650, 600):  # per node at alpha 5 / 10 / 15 % (params/data.yaml)
+            steps = rounds * epochs * math.ceil(private / 32)
+            assert abs(steps - 10000) / 10000 < 0.15, (name, private, steps)  # ~ the 10,000 steps of the other rows
+    (grid,) = [g for g in cfg["grid"] if set(g["methods"]) == {"fedavg", "fedprox"}]
+    assert "rotmnist_a15" in grid["scenarios"] and grid["seeds"] == [0, 1, 2]
+
+
+def test_fedavg_run_gives_the_table2_metrics(tiny_data, tmp_path):
+    """A FedAvg run under Table II's engine (best-validation selection, pooled rows) has the ACC the
+    claim fedh2l_gt_fedavg_a15 reads, and every node holds the global model (one ACC for all)."""
+    import json
+
+    from fedshift import runner
+    from fedshift.experiments import load_experiments
+
+    exp = {"engine": {"rounds": 2, "eval_every": 1, "select": "best_val", "pooled_rows": True, "device": "cpu",
+                      "local_epochs": 1, "local_batch": 32, "threads": 1, "eval_batch": 512},
+           "variants": {"fedavg_t2": {"method": "fedavg", "params": {"eval_models": "global", "weighting": "samples"}}},
+           "grid": [{"scenarios": ["rotmnist"], "methods": ["fedavg_t2"], "structures": ["homo_lenet"]}]}
+    (cfg,) = load_experiments(exp, {"scenarios": {"rotmnist": {}}}, results=str(tmp_path / "r"),
+                              build=str(tiny_data)).federate.values()
+    runner.run_federate(cfg, tmp_path / "run")
+    head = json.loads((tmp_path / "run/metrics.json").read_text())["headline"]
+    accs = [head[f"{p}/acc"] for p in ("m0", "m20", "m40", "m60")]
+    assert 0 < head["avg/acc"] <= 1 and max(accs) - min(accs) < 1e-12
