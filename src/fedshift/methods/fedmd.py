@@ -5,9 +5,9 @@ Each round the participants score a public subset, the server averages the score
 absolute error on logits, as the FedMD code) and then on its private data
 ("revisit").
 
-Transfer learning, FedMD's first phase (FedMD § 2, Algorithm 1: "each party trains its model
-f_k to convergence on the public dataset D_0 and then on its private dataset D_k" before any
-communication): ``transfer_epochs`` epochs of cross-entropy on the *labelled* public data, then
+Transfer learning, FedMD's first phase (FedMD § 2, Algorithm 1: before any communication, each
+party first trains to convergence on the labelled public data, then on its private data):
+``transfer_epochs`` epochs of cross-entropy on the *labelled* public data, then
 ``transfer_private_epochs`` epochs on the participant's private data, once, at the start of the
 first round. Off by default (0 / 0): the benchmark's public sets (CIFAR-100, photo_patches) are
 used unlabeled (FCCL+ § 4.1) and the participants start from scratch like the authors' baselines
@@ -15,8 +15,8 @@ used unlabeled (FCCL+ § 4.1) and the participants start from scratch like the a
 loop is kept. With ``public_data: seed`` the labelled data is every participant's public seed
 split (FedH2L Table II's D_pub, labels included). The FedMD code (diogenes0319/FedMD_clean)
 pretrains on the public set for at most 20 epochs (``pre_train_params.epochs`` in
-conf/CIFAR_balance_conf.json and conf/EMNIST_balance_conf.json, through ``train_models``,
-Neural_Networks.py:103-122) and then on the private data for at most 25 epochs (FedMD.py:44-48),
+conf/CIFAR_balance_conf.json and conf/EMNIST_balance_conf.json, passed by CIFAR_Balanced.py:127-133
+to ``train_models``, Neural_Networks.py:103-122) and then on the private data for at most 25 epochs (FedMD.py:44-48),
 each with Adam 1e-3 and early stopping on the accuracy of held-out data (patience 3 and 10); here
 the epochs are fixed (no early stopping: the authors' "validation" data is their test set), the
 public phase uses FedMD's public optimiser and ``engine.public_batch``, the private phase a fresh
