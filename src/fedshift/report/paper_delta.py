@@ -845,15 +845,21 @@ def schedule_differs(runs: pd.DataFrame, source: str, paper: str, our_scenario: 
     """'' when our runs of the group ran the paper's number of rounds (or the paper states none as a
     number), else why not ("ours ran 500 of the paper's 10,000 rounds")."""
     theirs = schedules.get(source) or schedules.get(f"default_{paper}") or {}
-    want = theirs.get("rounds")
-    if isinstance(want, bool) or not isinstance(want, int):
-        return ""
+    per_method = dict(theirs.get("rounds_by_method") or {})
     g = runs[(runs["scenario"] == our_scenario) & (runs["public"] == public) & (runs["structure"] == structure)
              & (runs["method"] != BASE_PRETRAIN)]
     if not len(g):
         return ""
-    ours = int(g.groupby(["method", "seed"])["round"].max().min())
-    return "" if ours == want else f"ours ran {ours:,} of the paper's {want:,} rounds"
+    ran = g.groupby(["method", "seed"])["round"].max().groupby(level="method").min()
+    for method, ours in ran.items():
+        key = next((k for k in (method, g.loc[g["method"] == method, "base_method"].iloc[0]) if k in per_method),
+                   None) if "base_method" in g.columns else (method if method in per_method else None)
+        want = per_method[key] if key is not None else theirs.get("rounds")
+        if isinstance(want, bool) or not isinstance(want, int):
+            continue  # the paper states no number for this row
+        if int(ours) != want:
+            return f"ours ran {int(ours):,} of the paper's {want:,} rounds ({method})"
+    return ""
 
 
 def interval_coverage(runs: pd.DataFrame) -> str:
