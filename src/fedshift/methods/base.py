@@ -134,14 +134,23 @@ class Method:
         """Write extra files into the run folder being published (e.g. FCCL's figure data)."""
 
     # -- resumable state -----------------------------------------------------------
+    #: attributes holding state across rounds (tensors, numbers, strings, dicts/lists of them): the default
+    #: state_dict() / load_state_dict() save and restore exactly these (set them in setup)
+    state_attrs: ClassVar[Tuple[str, ...]] = ()
+
     def state_dict(self) -> Dict[str, Any]:
-        """State that must survive a checkpoint/resume (default: none)."""
-        return {}
+        """State that must survive a checkpoint/resume (default: the ``state_attrs``; none)."""
+        return {k: getattr(self, k) for k in self.state_attrs}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore what :meth:`state_dict` returned (called after ``setup``)."""
-        if state:
-            raise ValueError(f"method {self.name!r} keeps no state but the checkpoint holds {sorted(state)}")
+        unknown = sorted(set(state or {}) - set(self.state_attrs))
+        if unknown:
+            raise ValueError(f"method {self.name!r} keeps {list(self.state_attrs) or 'no state'} but the checkpoint "
+                             f"holds {unknown}")
+        for k in self.state_attrs:
+            if k in state:
+                setattr(self, k, state[k])
 
     def run_round(self, fed, r: int) -> Dict[str, float]:
         """One communication round; returns training metrics (losses) for tracking."""
