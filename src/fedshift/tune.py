@@ -238,6 +238,11 @@ def plan_tune(grid: Mapping, plan, results: str = "results") -> TunePlan:
                              wildcards={**job.wildcards, "seed": seed, "candidate": cid},
                              tune={"candidate": cid, "index": i, "values": dict(values), "metric": out.metric,
                                    "patience": b["patience"]})
+                    if eng.get("data_seed") == "run":  # the tuning seed's own redraw of the partition
+                        from .experiments import SEEDED_PARTITIONS
+
+                        root = str(Path(cfg["paths"]["partition"]).parent.parent)
+                        c["paths"]["partition"] = f"{root}/{SEEDED_PARTITIONS}/{job.scenario}/seed{seed}"
                     if c["paths"].get("pretrained"):  # BASE checkpoints of the tuning seed
                         paths = []
                         for part, arch in zip(c["participants"], c["archs"]):
@@ -246,6 +251,7 @@ def plan_tune(grid: Mapping, plan, results: str = "results") -> TunePlan:
                                 src = plan.pretrain[PretrainJob(job.scenario, part, arch, job.seed)]
                                 plan.pretrain[pj] = {**copy.deepcopy(src), "seed": seed, "run_name": f"pretrain/{pj.path}",
                                                      "wildcards": pj.wildcards}
+                                plan.pretrain[pj]["paths"]["partition"] = c["paths"]["partition"]  # same draw
                             paths.append(f"{results}/pretrain/{pj.path}/model.pt")
                         c["paths"]["pretrained"] = paths
                     out.candidates[key] = c
@@ -317,7 +323,7 @@ def score(history: Sequence[Mapping[str, float]], rounds: Sequence[int], metric:
 
 
 
-def run_candidate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, Any]:
+def run_candidate(cfg: Dict[str, Any], out_dir: Path, tracker=None, **kwargs) -> Dict[str, Any]:
     """A tuning candidate: an ordinary federated run; a non-finite loss or weight is recorded as
     ``diverged`` in its metrics.json (the workflow goes on; :func:`select` lists it as diverged)."""
     from . import runner
@@ -326,7 +332,7 @@ def run_candidate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str,
     from .errors import NonFiniteError
 
     try:
-        return runner.run_federate(cfg, out_dir, tracker)
+        return runner.run_federate(cfg, out_dir, tracker, **kwargs)
     except NonFiniteError as exc:
         out_dir = Path(out_dir)
         metrics = {"run": cfg["run_name"], "diverged": True, "error": str(exc).splitlines()[0],

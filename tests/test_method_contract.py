@@ -1,0 +1,118 @@
+"""The method contract is declared on `Method` (issue 35 item 1): every attribute and hook the runner,
+engine and resources read has a default there, and nothing reads one with getattr."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import REPO
+from fedshift.methods import METHODS, create_method
+from fedshift.methods.base import Method
+
+CONTRACT = ("supports_sampling", "supports_server_model", "per_client_state", "fused_auto_devices",
+            "fused_objective", "run_summary", "artifacts", "init_from", "eval_protocol", "weight_copies",
+            "public_graphs", "steps_on_peer_batches", "requires_homogeneous", "uses_public", "state_dict",
+            "load_state_dict")
+
+
+def test_every_contract_name_has_a_default_on_method():
+    missing = [n for n in CONTRACT if not hasattr(Method, n)]
+    assert not missing, missing
+    m = create_method("base")
+    assert (m.supports_sampling, m.supports_server_model, m.per_client_state, m.fused_auto_devices,
+            m.fused_objective, m.run_summary(None), m.init_from, m.eval_protocol) == (
+        False, False, "", None, None, {}, "scratch", "global")
+
+
+def test_no_getattr_on_a_method_for_a_contract_name():
+    pat = re.compile(r"getattr\((method|self\.method)\b")
+    hits = [f"{p.relative_to(REPO)}:{i}" for p in (REPO / "src/fedshift").rglob("*.py")
+            for i, line in enumerate(p.read_text().splitlines(), 1) if pat.search(line)]
+    assert not hits, hits
+
+
+def test_built_in_methods_keep_the_declared_types():
+    for name in METHODS.names():
+        m = create_method(name)
+        assert isinstance(m.supports_sampling, bool) and isinstance(m.supports_server_model, bool), name
+        assert isinstance(m.per_client_state, str), name
+        assert m.init_from in ("scratch", "base") and m.eval_protocol in ("global", "local"), name
+
+
+def _doc_plugin():
+    """The FedAvgM block of docs/extending.md, executed as a newcomer would paste it."""
+    import re as _re
+
+    text = (REPO / "docs/extending.md").read_text()
+    section = text[text.index("### A complete plugin: FedAvgM"):]
+    code = _re.search(r"```python\n(.*?)```", section, _re.S).group(1)
+    ns: dict = {"__name__": "fedavgm_doc"}
+    exec(compile(code, "docs/extending.md", "exec", dont_inherit=True), ns)  # no __future__ of this file
+    return code, ns["FedAvgM"]
+
+
+def _lines_of_code(code):
+    import ast
+    import io
+    import tokenize
+
+    doc = {n.body[0].lineno for n in ast.walk(ast.parse(code)) if isinstance(n, (ast.ClassDef, ast.FunctionDef))
+           and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    lines = {t.start[0] for t in tokenize.generate_tokens(io.StringIO(code).readline)
+             if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
+                               tokenize.ENDMARKER)}
+    return len(lines - doc)
+
+
+def _fed64(monkeypatch):
+    from fedshift.engine import federation
+    from helpers import synthetic_federation
+
+    monkeypatch.setattr(federation, "normalize", lambda x: (x.double() / 255.0 - 0.5) / 0.5)
+    fed = synthetic_federation(4, local_epochs=1, lr=0.05)
+    fed.clients[0].model.double()  # server_model: one shared model
+    return fed
+
+
+def _rounds(method, fed, n):
+    from fedshift.engine import fused
+
+    method.setup(fed)
+    fused.decide_for_run(fed, method)
+    out = []
+    for r in range(1, n + 1):
+        fed.round = r
+        method.run_round(fed, r)
+        out.append({k: v.clone() for k, v in fed.clients[0].model.state_dict().items()})
+    return out
+
+
+def test_the_fedavgm_of_extending_md_is_20_lines_and_computes_server_momentum(monkeypatch):
+    """Issue 35: a FedAvgM plugin of <= 20 lines of code, written from docs/extending.md alone. beta = 0 is
+    FedAvg; with beta = 0.9, round 2's global model is FedAvg's w2 - 0.9 (w0 - w1) (w1 = FedAvg's first
+    average, the momentum's first step), computed here from plain FedAvg runs; its state round-trips."""
+    import io
+
+    import torch
+
+    from fedshift.config import resolve
+
+    code, FedAvgM = _doc_plugin()
+    assert _lines_of_code(code) <= 20
+    w0 = {k: v.clone() for k, v in _fed64(monkeypatch).clients[0].model.state_dict().items()}
+    avg = _rounds(create_method("fedavg"), _fed64(monkeypatch), 2)
+    m0 = _rounds(FedAvgM(resolve(FedAvgM.Params, {"beta": 0.0}, "methods.fedavgm")), _fed64(monkeypatch), 2)
+    m = FedAvgM(resolve(FedAvgM.Params, {"beta": 0.9}, "methods.fedavgm"))
+    mom = _rounds(m, _fed64(monkeypatch), 2)
+    for k, v in avg[1].items():
+        torch.testing.assert_close(m0[1][k], v, rtol=1e-12, atol=1e-12)
+        if torch.is_floating_point(v):
+            torch.testing.assert_close(mom[0][k], avg[0][k], rtol=1e-12, atol=1e-12)  # v1 = w0 - w1: w1 alike
+            torch.testing.assert_close(mom[1][k], v - 0.9 * (w0[k] - avg[0][k]), rtol=1e-9, atol=1e-11)
+    buf = io.BytesIO()
+    torch.save(m.state_dict(), buf)
+    buf.seek(0)
+    fresh = FedAvgM(resolve(FedAvgM.Params, {"beta": 0.9}, "methods.fedavgm"))
+    fresh.setup(_fed64(monkeypatch))
+    fresh.load_state_dict(torch.load(buf, weights_only=True))
+    assert fresh.v.keys() == m.v.keys() and all(torch.equal(fresh.v[k], m.v[k]) for k in m.v)
