@@ -9,6 +9,7 @@
     fedshift collect OUT RUN_DIRS...  (Snakemake rule collect)
     fedshift report RUNS_CSV OUT      (Snakemake rule report)
     fedshift validate                 (check params/*.yaml without running anything)
+    fedshift run [GRID...] KEY=VALUE... [-- SNAKEMAKE ARGS]   (snakemake on the grid with dotted overrides)
     fedshift relocate-store [ROOT]    (a copied mlflow.db reads its artifacts from ROOT/mlartifacts)
     fedshift ui-url                   (the MLflow URL of each experiment's headline view)
     fedshift evaluate RUN_DIR         (re-score a federated run's published models.pt)
@@ -271,6 +272,39 @@ def cmd_validate(args) -> None:
                   "in the allocation)")
 
 
+def cmd_run(args) -> None:
+    """Merge the grid files (as ``snakemake --configfile`` does), set the dotted overrides, check
+    the result as ``validate`` does, write it to ``results/configs/run-<hash>.yaml`` (the file a
+    later ``snakemake --configfile`` can name again) and exec Snakemake on it."""
+    import hashlib
+
+    from .experiments import dump_config, load_experiments, snakemake_config, write_if_changed
+    from .overrides import apply_overrides
+
+    grids = [i for i in args.items if "=" not in i]
+    overrides = [i for i in args.items if "=" in i]
+    for flag in ("--configfile", "--configfiles", "--config", "-C"):
+        if flag in args.snakemake_args:
+            raise ConfigError(f"fedshift run: {flag} after `--`: name grid files before `--` and give overrides "
+                              "as KEY=VALUE (e.g. fedshift run params/papers/fedmmd_offline.yaml engine.rounds=3)")
+    for g in grids:
+        if not Path(g).exists():
+            raise ConfigError(f"fedshift run: {g}: no such grid file, and not a KEY=VALUE override")
+    exp = apply_overrides(snakemake_config([Path(g) for g in grids or ["params/experiments.yaml"]]), overrides)
+    data_params = Path(exp.get("data_params") or "params/data.yaml")
+    plan = load_experiments({k: v for k, v in exp.items() if k not in ("data_params", "gpus_per_job", "threads_per_job")},
+                            data_params)
+    text = dump_config(exp)
+    path = Path("results/configs") / f"run-{hashlib.sha256(text.encode()).hexdigest()[:10]}.yaml"
+    write_if_changed(path, text)
+    smk = list(args.snakemake_args) or ["--cores", "all"]
+    cmd = [sys.executable, "-m", "snakemake", "--configfile", str(path), *smk]
+    print(f"fedshift run: {', '.join(overrides) or 'no override'} on {' + '.join(grids) or 'params/experiments.yaml'}: "
+          f"{len(plan.needed_pretrain())} pretrain and {len(plan.federate)} federate jobs planned; "
+          f"grid written to {path}\n$ snakemake --configfile {path} {' '.join(smk)}", file=sys.stderr, flush=True)
+    os.execv(sys.executable, cmd)
+
+
 def cmd_ui_url(args) -> None:
     from .tracking import headline_view_urls
 
@@ -375,6 +409,16 @@ def main(argv: List[str] | None = None) -> int:
     p.add_argument("--data-params", default="params/data.yaml")
     p.set_defaults(fn=cmd_validate)
 
+    p = sub.add_parser("run", help="run Snakemake on grid files with dotted overrides: "
+                                   "fedshift run [GRID ...] engine.rounds=3 methods.fedprox.mu=0.1 -- -n",
+                       description="Merge the GRID files (default params/experiments.yaml) as snakemake --configfile "
+                                   "does, set each KEY=VALUE (dotted key, YAML value; a list item by index: "
+                                   "grid.0.seeds=[0,1]), check the grid as `fedshift validate` does, write it to "
+                                   "results/configs/run-<hash>.yaml and run snakemake --configfile on it with the "
+                                   "arguments after -- (default: --cores all).")
+    p.add_argument("items", nargs="*", metavar="GRID | KEY=VALUE", help="grid files, then dotted overrides")
+    p.set_defaults(fn=cmd_run, snakemake_args=[])
+
     p = sub.add_parser("ui-url", help="print, per federated experiment, the MLflow URL that opens on the "
                                       "headline view (AVG inter/intra first; start `mlflow ui` first)")
     p.add_argument("--base", default="http://127.0.0.1:5000", help="where `mlflow ui` serves (default: %(default)s)")
@@ -385,7 +429,14 @@ def main(argv: List[str] | None = None) -> int:
     p.add_argument("root", nargs="?", default=".", help="the project folder holding mlflow.db (default: .)")
     p.set_defaults(fn=cmd_relocate_store)
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    tail: List[str] = []
+    if argv[:1] == ["run"] and "--" in argv:  # `fedshift run ... -- <snakemake args>`: the tail goes to Snakemake as is
+        cut = argv.index("--")
+        argv, tail = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    if args.command == "run":
+        args.snakemake_args = tail
     # INFO lines on stdout (the rules send it to logs/); stderr keeps progress, warnings and errors,
     # which the rules also show in Snakemake's terminal
     out, err = logging.StreamHandler(sys.stdout), logging.StreamHandler(sys.stderr)
