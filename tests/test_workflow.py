@@ -181,6 +181,21 @@ def test_hyperparameter_change_reruns_only_affected_jobs(ran):
         (root / "params/experiments.yaml").write_text(yaml.safe_dump(grid))
 
 
+def test_command_line_overrides_run_end_to_end(ran):
+    """Issue 39 point 1: `fedshift run` with dotted overrides (a new seed, one method, a named report,
+    so the module's grid is left alone) plus Snakemake's own `--config engine='{rounds: 1}'`, whose
+    BaseLoader strings the workflow types: one real federate job runs with both."""
+    root, _, _ = ran
+    target = "results/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed7/metrics.json"
+    res = run("FEDSHIFT_TRACKING=none fedshift run grid.0.seeds=[7] grid.0.methods=[fedavg] report.name=cli "
+              f"-- --cores 1 --config 'engine={{rounds: 1, lr: 1e-3}}' {target}", root)
+    assert "grid.0.seeds=[7], grid.0.methods=[fedavg], report.name=cli on params/experiments.yaml: " \
+           "0 pretrain and 1 federate jobs planned" in res.stderr
+    cfg = yaml.safe_load((root / target).with_name("config.yaml").read_text())
+    assert cfg["seed"] == 7 and cfg["engine"]["rounds"] == 1 and cfg["engine"]["lr"] == 0.001
+    assert cfg["engine"]["local_batch"] == TINY_GRID["engine"]["local_batch"]  # the rest of the grid kept
+
+
 def test_unreachable_tracking_server_does_not_abort_the_run(ran):
     """Issue 23 case 7: onstart's MLflow store check raised and aborted the whole run."""
     root, _, _ = ran

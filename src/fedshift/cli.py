@@ -283,10 +283,10 @@ def cmd_run(args) -> None:
 
     grids = [i for i in args.items if "=" not in i]
     overrides = [i for i in args.items if "=" in i]
-    for flag in ("--configfile", "--configfiles", "--config", "-C"):
+    for flag in ("--configfile", "--configfiles"):
         if flag in args.snakemake_args:
             raise ConfigError(f"fedshift run: {flag} after `--`: name grid files before `--` and give overrides "
-                              "as KEY=VALUE (e.g. fedshift run params/papers/fedmmd_offline.yaml engine.rounds=3)")
+                              "as KEY=VALUE before it (e.g. fedshift run params/papers/fedmmd_offline.yaml engine.rounds=3)")
     for g in grids:
         if not Path(g).exists():
             raise ConfigError(f"fedshift run: {g}: no such grid file, and not a KEY=VALUE override")

@@ -8,8 +8,9 @@ YAML (``3`` an int, ``0.1`` and ``1e-4`` floats, ``true`` a bool, ``[0, 1]`` a l
 
 Snakemake's own ``--config engine='{rounds: 3}'`` parses nested values with YAML's BaseLoader:
 every scalar arrives as a string. :func:`coerce_cli_strings` types them the same way (the
-workflow calls it on ``--config``'s values before validating), and expands a dotted key that
-Snakemake passes through flat (``--config engine.rounds=3``).
+workflow calls it on ``--config``'s values before validating). ``--config engine.rounds=3`` is
+refused by Snakemake's own argument parser ("must start with a valid identifier"): that is
+what ``fedshift run`` is for.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def _top_keys() -> List[str]:
     from .experiments import SCHEMA
 
     schema = yaml.safe_load(SCHEMA.read_text())
-    return sorted(set(schema.get("properties") or {}) | {"data_params", "gpus_per_job", "threads_per_job"})
+    return sorted(set(schema.get("properties") or {}) - {"overlay_of"} | {"data_params", "gpus_per_job", "threads_per_job"})
 
 
 def apply_overrides(config: Mapping, items: Sequence[str]) -> dict:
@@ -76,8 +77,10 @@ def apply_overrides(config: Mapping, items: Sequence[str]) -> dict:
         last, where = parts[-1], ".".join(parts)
         if isinstance(node, list):
             node[_index(node, last, where, item)] = value
-        else:
+        elif isinstance(node, dict):
             node[last] = value
+        else:
+            raise ConfigError(f"override {item!r}: {'.'.join(parts[:-1])} is {node!r}, not a mapping")
     return out
 
 
@@ -98,20 +101,32 @@ def _child(node: Any, part: str, where: str, item: str, create: bool) -> Any:
     return node[part]
 
 
+def _typed(value: Any) -> Any:
+    """A ``--config`` leaf typed as YAML would (strings that are not valid YAML stay strings)."""
+    if isinstance(value, list):
+        return [_typed(v) for v in value]
+    if isinstance(value, str):
+        try:
+            return parse_value(value)
+        except ConfigError:
+            return value
+    return value
+
+
 def coerce_cli_strings(config: dict, given: Mapping) -> List[str]:
     """Type the values Snakemake's ``--config`` passed as strings (``given``: its parsed
     ``--config`` mapping), in ``config`` (the merged workflow config, changed in place): a
-    string leaf of ``given`` becomes :func:`parse_value` of it, and a flat dotted key
-    (``engine.rounds``) becomes the nested key it names. Returns the dotted keys it set."""
+    string leaf of ``given`` (or of a list in it) becomes :func:`parse_value` of it. Returns the
+    dotted keys it set."""
     done: List[str] = []
 
     def walk(sub: Mapping, prefix: List[str]) -> None:
         for key, value in sub.items():
-            path = prefix + str(key).split(".")
+            path = prefix + [str(key)]
             if isinstance(value, Mapping):
                 walk(value, path)
                 continue
-            typed = parse_value(value) if isinstance(value, str) else value
+            typed = _typed(value)
             node = config
             for part in path[:-1]:
                 if not isinstance(node.get(part), dict):
@@ -121,7 +136,4 @@ def coerce_cli_strings(config: dict, given: Mapping) -> List[str]:
             done.append(".".join(path))
 
     walk(given, [])
-    for key in list(config):  # the flat dotted key Snakemake stored beside the nested one
-        if "." in str(key):
-            config.pop(key)
     return done

@@ -19,6 +19,12 @@ DATA_PARAMS = config.get("data_params", "params/data.yaml")
 # Execution keys set by a profile or --config, not part of the experiment grid.
 WORKFLOW_KEYS = ("data_params", "gpus_per_job", "threads_per_job", "overlay_of")
 GRID = {k: v for k, v in config.items() if k not in WORKFLOW_KEYS}
+# `--config engine='{rounds: 3}'`: Snakemake parses nested values with YAML's BaseLoader, so every
+# scalar arrives as a string ('3'); typed here as a grid file would type it (fedshift.overrides).
+# Dotted keys (engine.rounds=3) Snakemake refuses: `fedshift run GRID engine.rounds=3 -- ARGS`.
+from fedshift.overrides import coerce_cli_strings
+
+coerce_cli_strings(GRID, {k: v for k, v in (workflow.config_settings.config or {}).items() if k not in WORKFLOW_KEYS})
 # A user grid (--configfile) reports only what it names: its report block replaces the default's
 # instead of being merged into it (else it inherits report.published from params/experiments.yaml).
 _USER_FILES = [f for f in workflow.overwrite_configfiles or []
