@@ -130,7 +130,8 @@ onstart:
 #   the job's arrays (read off its data folders), each participant's weights times the copies
 #   the method and optimiser keep, and the activations of its largest training phase (counted
 #   per architecture at the scenario's image size on torch's meta device, times the batch),
-#   fitted to the peak RSS of real jobs (benchmarks/memory_model.py); requested at 1.3x the
+#   fitted to the peak RSS of real jobs (benchmarks/memory_model.py); one shared model under
+#   engine.server_model (flat in K), capped at FEDSHIFT_MAX_MEM_MB with a warning; requested at 1.3x the
 #   estimate + the Snakemake process inside the allocation (WRAPPER_MB: 900 MB; 0.6-0.8 GB measured in sacct's MaxRSS),
 #   >= 1.25x the measured peaks, doubled on each retry (`retries` in the SLURM
 #   profile). On a GPU (gpus_per_job: 1) the host holds the CUDA runtime and the data only.
