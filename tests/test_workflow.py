@@ -119,7 +119,7 @@ def test_mlflow_holds_every_run_with_metrics_and_artifacts(ran):
     kinds = sorted(r.data.tags["fedshift.kind"] for r in runs)
     assert kinds == ["federate"] * 4 + ["pretrain"] * 4
     assert len({r.info.run_name for r in runs}) == 8  # short names, one per job
-    fed = next(r for r in runs if r.info.run_name == "fccl_plus homo_lenet rotmnist+photo_patches s0")
+    fed = next(r for r in runs if r.info.run_name == "fccl_plus s0 homo_lenet photo_patches")
     assert fed.data.tags["fedshift.run_key"] == "federate/rotmnist/photo_patches/fccl_plus/homo_lenet/seed0"
     assert fed.info.status == "FINISHED"
     # the tables' number is a metric; device and phase times are recorded
