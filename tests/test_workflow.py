@@ -154,6 +154,8 @@ def test_html_report_carries_report_md_claims_and_says_what_the_pm_is(ran):
     run("snakemake --report report.html", root)
     html = (root / "report.html").read_text(errors="replace")
     assert "report.md" in html and "claims.csv" in html
+    for name in ("report.html", "claims.html"):  # shown inline (eye icon), not offered as a download
+        assert f"filename={name};base64," in html and f"data:text/html;charset=" in html, name
     assert "95% confidence half-width" in html and "± the standard deviation" not in html
 
 

@@ -221,5 +221,7 @@ def pretrain_runtime(wc, attempt):
 
 
 def report_labels(wc):
-    """HTML report labels: the kind and the group (scenario__public__structure) or the file type."""
-    return {"kind": wc.kind, "group": getattr(wc, "group", None) or getattr(wc, "ext", "")}
+    """HTML report labels: the kind, the group (scenario__public__structure) and the file type
+    (labels must differ within a category: delta__<table>.png and .csv are both listed)."""
+    group = getattr(wc, "group", None)
+    return {"kind": wc.kind, "group": group or wc.ext, **({"file": wc.ext} if group else {})}
