@@ -190,7 +190,7 @@ def test_command_line_overrides_run_end_to_end(ran):
     root, _, _ = ran
     target = "results/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed7/metrics.json"
     res = run("FEDSHIFT_TRACKING=none fedshift run grid.0.seeds=[7] grid.0.methods=[fedavg] report.name=cli "
-              f"-- --cores 1 --config 'engine={{rounds: 1, lr: 1e-3}}' {target}", root)
+              f"-- --cores 1 {target} --config 'engine={{rounds: 1, lr: 1e-3}}'", root)
     assert "grid.0.seeds=[7], grid.0.methods=[fedavg], report.name=cli on params/experiments.yaml: " \
            "0 pretrain and 1 federate jobs planned" in res.stderr
     cfg = yaml.safe_load((root / target).with_name("config.yaml").read_text())
