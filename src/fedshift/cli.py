@@ -1,6 +1,6 @@
 """``fedshift``: one entry point, one subcommand per pipeline verb.
 
-    fedshift list {datasets,scenarios,public,models,structures,methods} [--where]
+    fedshift list [{datasets,scenarios,public,models,structures,methods}] [--where] [--long]
     fedshift fetch DATASET            (DVC stage fetch@DATASET)
     fedshift public NAME              (DVC stage public@NAME)
     fedshift partition SCENARIO       (DVC stage partition@SCENARIO)
@@ -68,15 +68,52 @@ def _registries() -> Dict[str, Callable[[], "Registry"]]:
 
 
 def cmd_list(args) -> None:
-    """One name per line; a plugin's line names its package, ``--where`` every name's origin.
+    """One name per line; a plugin's line names its package, ``--where`` every name's origin,
+    ``--long`` what a method needs and its first docstring line. Without a kind: the kinds.
     A plugin left out (import failure, name clash) is one warning line on stderr (fedshift.registry)."""
+    if args.kind is None:
+        print("what `fedshift list KIND` prints (--where: where each name comes from; --long: what it needs "
+              "and what it is):")
+        for kind in sorted(_registries()):
+            print(f"  {kind}")
+        return
     reg = _registries()[args.kind]()
     for name in reg.names():
         origin = reg.origin(name)
         if args.where:
             print(f"{name}\t{origin}")
+        elif args.long:
+            print(f"{name}\t{_describe(args.kind, reg.get(name))}")
         else:
             print(f"{name}\t[{origin.split(' (')[0]}]" if origin.startswith("plugin ") else name)
+
+
+def _first_line(obj) -> str:
+    import inspect
+
+    doc = inspect.getdoc(obj) or inspect.getdoc(inspect.getmodule(obj)) or ""
+    return " ".join(doc.split("\n\n")[0].split())[:160]
+
+
+def _describe(kind: str, obj) -> str:
+    """``list --long``: for a method what it needs (public set, BASE checkpoints, one architecture)
+    with its default params, then the first paragraph of its docstring."""
+    if kind != "methods":
+        return _first_line(obj)
+    needs = []
+    try:
+        from .methods import resolve_method_params
+
+        method = obj(resolve_method_params(obj.name if isinstance(getattr(obj, "name", None), str) else "", {}))
+        if method.uses_public:
+            needs.append("public set")
+        if obj.needs_base(method.p):
+            needs.append("BASE checkpoints (pretrain)")
+    except Exception:  # noqa: BLE001 - a plugin whose defaults do not resolve alone: say so, list the rest
+        needs.append("? (defaults do not resolve alone)")
+    if obj.requires_homogeneous:
+        needs.append("a homo_<model> structure")
+    return f"needs: {', '.join(needs) or 'private data only'}\t{_first_line(obj)}"
 
 
 def _data_params(path: Path) -> dict:
@@ -338,6 +375,21 @@ def cmd_evaluate(args) -> None:
             print(f"{key} {summary[key]:.4f}")
 
 
+def _plain_help(parser) -> None:
+    """--help is read in a terminal: no RST/Markdown backticks (the docstrings keep them for Sphinx)."""
+    import argparse
+
+    parser.description = (parser.description or "").replace("``", "").replace("`", "") or None
+    for action in parser._actions:
+        if action.help:
+            action.help = action.help.replace("``", "").replace("`", "")
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _plain_help(sub)
+            for choice in action._choices_actions:
+                choice.help = (choice.help or "").replace("`", "")
+
+
 def main(argv: List[str] | None = None) -> int:
     from importlib import metadata
 
@@ -345,13 +397,17 @@ def main(argv: List[str] | None = None) -> int:
         __version__ = metadata.version("fedshift")
     except metadata.PackageNotFoundError:
         __version__ = "unknown (not installed)"
-    parser = argparse.ArgumentParser(prog="fedshift", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="fedshift", description="\n\n".join(__doc__.split("\n\n")[:2]),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"fedshift {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("list", help="print registered names, one per line (plugins marked)")
-    p.add_argument("kind", choices=sorted(_registries()), help="which registry to print")
+    p.add_argument("kind", nargs="?", choices=sorted(_registries()), help="which registry to print (none: the kinds)")
     p.add_argument("--where", action="store_true", help="print where each name comes from (built-in module or plugin package)")
+    p.add_argument("-l", "--long", action="store_true",
+                   help="also print what each name needs (methods: public set, BASE checkpoints, one architecture) "
+                        "and the first paragraph of its docstring")
     p.set_defaults(fn=cmd_list)
 
     for name, fn, arg in (("fetch", cmd_fetch, "dataset"), ("public", cmd_public, "name"),
@@ -429,6 +485,7 @@ def main(argv: List[str] | None = None) -> int:
     p.add_argument("root", nargs="?", default=".", help="the project folder holding mlflow.db (default: .)")
     p.set_defaults(fn=cmd_relocate_store)
 
+    _plain_help(parser)
     argv = list(sys.argv[1:] if argv is None else argv)
     tail: List[str] = []
     if argv[:1] == ["run"] and "--" in argv:  # `fedshift run ... -- <snakemake args>`: the tail goes to Snakemake as is
