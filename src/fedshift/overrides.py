@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import copy
 import re
+from pathlib import Path
 from typing import Any, List, Mapping, Sequence, Tuple
 
 import yaml
@@ -48,9 +49,11 @@ def parse_override(item: str) -> Tuple[List[str], Any]:
     return parts, parse_value(text)
 
 
-def _top_keys() -> List[str]:
-    from .experiments import SCHEMA
+# The grid's JSON schema (experiments.SCHEMA; named here so this module stays on the config layer)
+SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "experiments.schema.yaml"
 
+
+def _top_keys() -> List[str]:
     schema = yaml.safe_load(SCHEMA.read_text())
     return sorted(set(schema.get("properties") or {}) - {"overlay_of"} | {"data_params", "gpus_per_job", "threads_per_job"})
 
