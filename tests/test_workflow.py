@@ -183,17 +183,19 @@ def test_hyperparameter_change_reruns_only_affected_jobs(ran):
         (root / "params/experiments.yaml").write_text(yaml.safe_dump(grid))
 
 
-def test_command_line_overrides_run_end_to_end(ran):
+def test_command_line_overrides_plan_through_snakemake(project):
     """Issue 39 point 1: `fedshift run` with dotted overrides (a new seed, one method, a named report,
     so the module's grid is left alone) plus Snakemake's own `--config engine='{rounds: 1}'`, whose
-    BaseLoader strings the workflow types: one real federate job runs with both."""
-    root, _, _ = ran
+    BaseLoader strings the workflow types: Snakemake plans exactly that one job, from a config with
+    both (planning writes it; a dry run: the real job would add ~25 s and nothing this checks)."""
     target = "results/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed7/metrics.json"
     res = run("FEDSHIFT_TRACKING=none fedshift run grid.0.seeds=[7] grid.0.methods=[fedavg] report.name=cli "
-              f"-- --cores 1 {target} --config 'engine={{rounds: 1, lr: 1e-3}}'", root)
+              f"-- -n --cores 1 {target} --config 'engine={{rounds: 1, lr: 1e-3}}'", project)
     assert "grid.0.seeds=[7], grid.0.methods=[fedavg], report.name=cli on params/experiments.yaml: " \
            "0 pretrain and 1 federate jobs planned" in res.stderr
-    cfg = yaml.safe_load((root / target).with_name("config.yaml").read_text())
+    planned = [l.strip() for l in res.stdout.splitlines() if l.strip().startswith("output: results/federate/")]
+    assert len(planned) == 1 and planned[0].startswith(f"output: {target},"), res.stdout[-2000:]
+    cfg = yaml.safe_load((project / "results/configs/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed7.yaml").read_text())
     assert cfg["seed"] == 7 and cfg["engine"]["rounds"] == 1 and cfg["engine"]["lr"] == 0.001
     assert cfg["engine"]["local_batch"] == TINY_GRID["engine"]["local_batch"]  # the rest of the grid kept
 
