@@ -67,11 +67,11 @@ try {
   console.log(`${out}/mlflow_first_open.png: ${base}/`);
 
   await page.getByText(experiment, { exact: true }).first().click();  // the scenario's experiment
-  await settle(page, "open the headline view");
+  await settle(page, "Open the headline view");
   await page.screenshot({ path: `${out}/mlflow_experiment.png` });
   console.log(`${out}/mlflow_experiment.png: ${page.url()}`);
 
-  await page.getByText("open the headline view").first().click();  // the description's link
+  await page.getByText("Open the headline view").first().click();  // the description's link
   await settle(page, "table/AVG_inter");
   await page.screenshot({ path: `${out}/mlflow_headline_view.png` });
   console.log(`${out}/mlflow_headline_view.png: ${page.url()}`);
@@ -79,12 +79,12 @@ try {
   if (args.report) {
     await page.goto(`file://${path.resolve(args.report)}`);
     await settle(page, "report");
-    await page.getByText("report", { exact: true }).first().click();  // the category
+    // the category "report" in the left menu, then the eye icon of its report.html item
+    await page.locator("li > a", { has: page.locator("span", { hasText: /^report$/ }) }).first().click();
     await settle(page, "report.html");
     await page.screenshot({ path: `${out}/snakemake_report_list.png` });
-    const row = page.locator("tr", { hasText: "report.html" }).first();
-    await row.locator("a, button").first().click();  // the eye icon: shown inline
-    await settle(page, "Table VIII");
+    await page.locator("tr", { has: page.locator("td", { hasText: /^report\.html$/ }) }).locator("a").first().click();
+    await settle(page, null);
     await page.screenshot({ path: `${out}/snakemake_report_md.png` });
     console.log(`${out}/snakemake_report_md.png: the report.html item of ${args.report}`);
   }

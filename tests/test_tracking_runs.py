@@ -59,7 +59,8 @@ def test_experiments_carry_a_description_linking_the_headline_view_and_their_kin
     for exp in (fed, pre, rep):
         assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # MLflow 3: runs, not traces
     note = fed.tags["mlflow.note.content"]
-    assert f"(#/experiments/{fed.experiment_id}/runs?viewStateShareKey=fedshift-headline)" in note
+    assert note.startswith(f"**[Open the headline view](#/experiments/{fed.experiment_id}/runs?"
+                           "viewStateShareKey=fedshift-headline&workflowType=machine_learning)**")
     assert "`table/AVG_inter`" in note and "rotmnist-pretrain" in note
     assert "pretraining runs of scenario `rotmnist`" in pre.tags["mlflow.note.content"]
     assert "report/main" in rep.tags["mlflow.note.content"]
@@ -275,4 +276,4 @@ def test_federated_experiments_carry_the_headline_view_mlflow_opens_by_url(store
     assert main(["ui-url"]) in (0, None)
     out = capsys.readouterr().out.strip().splitlines()
     assert out == [f"rotmnist\thttp://127.0.0.1:5000/#/experiments/{exp.experiment_id}/runs?"
-                   f"viewStateShareKey={SHARED_VIEW_KEY}"]
+                   f"viewStateShareKey={SHARED_VIEW_KEY}&workflowType=machine_learning"]

@@ -197,11 +197,19 @@ def _experiment_id(client, name: str, root: Path) -> str:
     return eid
 
 
-# MLflow 3 opens on its GenAI home and shows an experiment's traces unless the experiment says it
-# holds model-training runs (the tag `mlflow.experimentKind`: `custom_model_development`, read by
-# the 3.x UI); `mlflow.note.content` is the description shown on the experiment's page.
+# MLflow 3 opens on its GenAI home and shows an experiment's GenAI overview (traces) in "GenAI" mode,
+# the default of its "GenAI | Model training" switch, which the browser keeps (localStorage
+# `mlflow.workflowType`). A URL's `workflowType=machine_learning` selects "Model training" (3.17);
+# the experiment tag `mlflow.experimentKind: custom_model_development` is what earlier 3.x UIs read
+# (3.17 ignores it while the switch exists; written for them). `mlflow.note.content` is the
+# description at the top of the experiment's page, whose first line shows without expanding it.
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 DESCRIPTION_TAG = "mlflow.note.content"
+
+
+def headline_view_path(experiment_id: str) -> str:
+    """The hash route of an experiment's headline view, in "Model training" mode."""
+    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={SHARED_VIEW_KEY}&workflowType=machine_learning"
 
 
 def experiment_description(name: str, experiment_id: str) -> str:
@@ -214,10 +222,10 @@ def experiment_description(name: str, experiment_id: str) -> str:
         return (f"fedshift: SOLO/BASE pretraining runs of scenario `{name[:-len('-pretrain')]}`, one per "
                 "participant x architecture x seed (run name `<arch> <participant> s<seed>`); the report's "
                 "`base_pretrain` row. The federated runs are in the experiment named after the scenario.")
-    view = f"#/experiments/{experiment_id}/runs?viewStateShareKey={SHARED_VIEW_KEY}"
-    return (f"fedshift: federated runs of scenario `{name}`, one per method x seed x structure x public set "
-            "(run name `<method> s<seed> <structure> <public set>`).\n\n"
-            f"**The answer: [open the headline view]({view})**: federated runs sorted by name, first columns "
+    return (f"**[Open the headline view]({headline_view_path(experiment_id)})**: the AVG inter / intra of "
+            f"every federated run of scenario `{name}`, side by side.\n\n"
+            "One run per method x seed x structure x public set (run name `<method> s<seed> <structure> "
+            "<public set>`). The headline view: federated runs sorted by name, first columns "
             "`table/AVG_inter` and `table/AVG_intra` (percent, rounded to 0.01: the AVG columns of the "
             "report's tables for that seed), then `time/total_s`, `method`, `structure`; a first chart "
             "section with the headline per method. Per-round curves: `avg/inter/top1`, "
@@ -297,7 +305,7 @@ def headline_view_urls(root: Path | None = None, base: str = "http://127.0.0.1:5
             set_headline_view(client, exp.experiment_id)
         if DESCRIPTION_TAG not in exp.tags:
             describe_experiment(client, exp.experiment_id, exp.name)
-        out[exp.name] = f"{base}/#/experiments/{exp.experiment_id}/runs?viewStateShareKey={SHARED_VIEW_KEY}"
+        out[exp.name] = f"{base}/{headline_view_path(exp.experiment_id)}"
     return out
 
 

@@ -224,4 +224,6 @@ def report_labels(wc):
     """HTML report labels: the kind, the group (scenario__public__structure) and the file type
     (labels must differ within a category: delta__<table>.png and .csv are both listed)."""
     group = getattr(wc, "group", None)
-    return {"kind": wc.kind, "group": group or wc.ext, **({"file": wc.ext} if group else {})}
+    if group:
+        return {"kind": wc.kind, "group": group, "file": wc.ext}
+    return {"kind": wc.kind, "file": f"{wc.kind}.{wc.ext}"}
