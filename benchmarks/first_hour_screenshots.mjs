@@ -71,19 +71,26 @@ try {
   await page.screenshot({ path: `${out}/mlflow_experiment.png` });
   console.log(`${out}/mlflow_experiment.png: ${page.url()}`);
 
-  await page.getByText("Open the headline view").first().click();  // the description's link
-  await settle(page, "table/AVG_inter");
-  await page.screenshot({ path: `${out}/mlflow_headline_view.png` });
-  console.log(`${out}/mlflow_headline_view.png: ${page.url()}`);
+  const tip = page.getByRole("button", { name: "Got it" });  // MLflow's GenAI tip covers the page (modal)
+  if (await tip.count()) await tip.first().click();
+  // the description's link (MLflow opens description links in a new tab)
+  const [view] = await Promise.all([page.context().waitForEvent("page"),
+                                    page.getByText("Open the headline view").first().click()]);
+  await view.setViewportSize({ width: 1600, height: 1000 });
+  await settle(view, "table/AVG_inter");
+  await view.screenshot({ path: `${out}/mlflow_headline_view.png` });
+  console.log(`${out}/mlflow_headline_view.png: ${view.url()}`);
 
   if (args.report) {
     await page.goto(`file://${path.resolve(args.report)}`);
-    await settle(page, "report");
     // the category "report" in the left menu, then the eye icon of its report.html item
-    await page.locator("li > a", { has: page.locator("span", { hasText: /^report$/ }) }).first().click();
+    const category = page.locator("li > a", { has: page.locator("span", { hasText: /^report$/ }) }).first();
+    await category.waitFor({ timeout: 60000 });
+    await category.click();
     await settle(page, "report.html");
     await page.screenshot({ path: `${out}/snakemake_report_list.png` });
-    await page.locator("tr", { has: page.locator("td", { hasText: /^report\.html$/ }) }).locator("a").first().click();
+    await page.getByText("report.html", { exact: true }).first().click();  // the FILE label: report.html
+    await page.locator("tr", { hasText: "report" }).locator("a").first().click();  // its eye icon
     await settle(page, null);
     await page.screenshot({ path: `${out}/snakemake_report_md.png` });
     console.log(`${out}/snakemake_report_md.png: the report.html item of ${args.report}`);
