@@ -52,7 +52,7 @@ pooled test set (engine/federation.py clamps them), read off the built manifests
 A request above ``MAX_REQUEST_MB`` (``FEDSHIFT_MAX_MEM_MB``, default 64 GB: the nodes the
 papers' grids were sized for) is capped there, with one warning line naming the job; a plugin
 model that cannot run on the meta device is counted by one real forward pass on the CPU at
-batch 1, and if that fails too by ``FALLBACK_PROFILE`` (one warning line each).
+batch 2, and if that fails too by ``FALLBACK_PROFILE`` (one warning line each).
 
 On a GPU (``gpus_per_job: 1``) weights, activations and the data live in device memory; the
 host holds the CUDA libraries and the data while it is loaded: ``CUDA_BASE_MB`` + data. That
