@@ -7,39 +7,51 @@ STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export MLFLOW_DISABLE_TELEMETRY := true
 
-.PHONY: demo test install data workflow clean lint bench
+.PHONY: help demo test install data workflow clean lint bench
 
-install: $(STAMP)
+help:  ## this list
+	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z]+):.*## /  make \1\t/' | expand -t 16
+
+install: $(STAMP)  ## create .venv/ and install the pinned stack (about 3.5 min; pip prints each package)
 
 # --isolated ignores PIP_FIND_LINKS and user pip config: torch must come from PyPI (see README).
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
-	env -u PIP_FIND_LINKS $(PY) -m pip install --isolated --no-input --disable-pip-version-check -q -r requirements.lock
+	@echo "installing the pinned stack into $(VENV)/ (requirements.lock; about 3.5 min on 2 cores, most of it torch)"
+	set -o pipefail; env -u PIP_FIND_LINKS $(PY) -m pip install --isolated --no-input --disable-pip-version-check \
+	  --progress-bar off -r requirements.lock | { grep --line-buffered -E '^(Collecting|Successfully installed)' | cut -c1-100 || true; }
 	env -u PIP_FIND_LINKS $(PY) -m pip install --isolated --no-input --disable-pip-version-check -q --no-deps -e .
 	@touch $@
 
-data: $(STAMP)
+data: $(STAMP)  ## dvc repro: fetch, public sets, partitions (build/)
 	@mkdir -p data
 	dvc repro
 
-workflow: $(STAMP)
+workflow: $(STAMP)  ## snakemake --cores all on params/experiments.yaml
 	snakemake --cores all
 
-demo: $(STAMP)
+demo: $(STAMP)  ## install, dvc repro, snakemake: the default grid end to end (about 9 min after install)
 	@mkdir -p data
 	@start=$$(date +%s); \
 	dvc repro && snakemake --cores all && \
 	echo "demo finished in $$(( $$(date +%s) - start )) s: results/collect/runs.csv, results/report/, mlflow.db (mlflow ui)"
 
-test: $(STAMP)
+test: $(STAMP)  ## the test suite, as CI runs it (about 17 min)
 	$(PY) -m pytest -q
 
-lint: $(STAMP)
+lint: $(STAMP)  ## snakemake --lint
 	snakemake --lint
 
-bench: $(STAMP)
+bench: $(STAMP)  ## model and round benchmarks (benchmarks/)
 	$(PY) benchmarks/bench_models.py
 	$(PY) benchmarks/bench_round.py
 
-clean:
-	rm -rf build results logs mlflow.db mlartifacts .snakemake
+# results/, mlflow.db and mlartifacts/ are every run and its tracking: asked for, never by default
+# (YES=1 to skip the question; without a terminal the answer is no).
+clean:  ## remove build/, logs/, .snakemake/; asks before results/, mlflow.db, mlartifacts/ (YES=1: no question)
+	rm -rf build logs .snakemake
+	@if [ -e results ] || [ -e mlflow.db ] || [ -e mlartifacts ]; then \
+	  if [ "$(YES)" = 1 ]; then a=y; else \
+	    read -r -p "also delete results/, mlflow.db and mlartifacts/ (every run and its MLflow record)? [y/N] " a || a=n; fi; \
+	  if [ "$$a" = y ]; then rm -rf results mlflow.db mlartifacts; else echo "kept results/, mlflow.db, mlartifacts/"; fi; \
+	fi

@@ -43,10 +43,14 @@ DATA = {
     "dataset_params": {"photo_patches": {"n": 2000, "size": 32, "seed": 0}},
     "public": {"photo_patches": {"n": 600, "seed": 0}},
     "scenarios": {"rotmnist": {"source": "mnist5k", "per_class": 20, "alpha": 0.1, "val": 0.1, "test": 0.25, "seed": 0},
-                  "digits_offline": {}},
+                  "digits_offline": {}, "mnist5k_shards": {}},
 }
 PAPER = {"local_batch": 256, "public_batch": 512}  # FCCL+ § 4.1 (params/papers/fccl_plus_table8.yaml)
 SMALL = {"local_batch": 64, "public_batch": 256}  # the offline grids (params/experiments.yaml)
+# The FedMMD offline twin's many-client job (params/papers/fedmmd_offline.yaml): 20 shard clients,
+# 10 sampled per round, one shared working model (engine.server_model), global evaluation only.
+SHARDS = {"local_batch": 10, "public_batch": 256, "optimizer": "sgd", "lr": 0.03, "momentum": 0.9,
+          "clients_per_round": 10, "server_model": True, "participant_eval": False, "global_eval_every": 1}
 
 # name -> (scenario, method, structure, engine overrides); "pretrain:<arch>" runs BASE pretraining.
 JOBS = {
@@ -58,6 +62,12 @@ JOBS = {
     "feddf_digits": ("digits_offline", "feddf", "fcclplus_digits", PAPER),
     "fccl_plus_digits": ("digits_offline", "fccl_plus", "fcclplus_digits", PAPER),
     "fccl_plus_digits_small": ("digits_offline", "fccl_plus", "fcclplus_digits", SMALL),
+    "fedavg_shards": ("mnist5k_shards", "fedavg", "homo_lenet", SHARDS),
+    "fedmmd_shards": ("mnist5k_shards", "fedmmd", "homo_lenet", SHARDS),
+    # FedMMD's CIFAR-10 CNN at the paper grid's batches (B = 128, eval 2048: clamped to the 1,000 pooled
+    # test images here) on the 3x32x32 Digits stand-in, every client each round, one shared model
+    "fedavg_cifar_cnn": ("digits_offline", "fedavg", "homo_fedavg_cnn_cifar",
+                         {**SHARDS, "local_batch": 128, "eval_batch": 2048, "clients_per_round": 0, "lr": 0.002}),
     "pretrain_efficientnet": ("digits_offline", "pretrain:efficientnet_b0", "fcclplus_digits", PAPER),
 }
 
@@ -82,9 +92,10 @@ def plan_job(name: str, root: Path, threads: int) -> dict:
     scenario, method, structure, batches = JOBS[name]
     pretrain = method.startswith("pretrain:")
     eng = {"rounds": 1, "local_epochs": 1, "device": "cpu", "checkpoint_min_s": 0, "threads": threads, **batches}
+    public = [] if eng.get("server_model") else ["photo_patches"]  # the server-averaging jobs use no public set
     exp = {"engine": eng,
            "pretrain": {"epochs": 1, "batch": batches["local_batch"], "eval_every": 1, "device": "cpu", "threads": threads},
-           "grid": [{"name": name, "scenarios": [scenario], "public": ["photo_patches"],
+           "grid": [{"name": name, "scenarios": [scenario], **({"public": public} if public else {}),
                      "methods": ["base" if pretrain else method], "structures": [structure], "seeds": [0]}]}
     plan = load_experiments(exp, DATA, results=str(root / "results" / name), build=str(root))
     if pretrain:

@@ -6,7 +6,7 @@ Layers, bottom to top (docs/extending.md draws them); a module may import its ow
 its own layer from another unit and nothing above:
 
     0 errors
-    1 config, registry, losses
+    1 config, registry, losses, overrides (dotted KEY=VALUE overrides of a grid)
     2 data, models
     3 tracking
     4 engine (round loop, evaluation, checkpoints, figure data), report (tables, figures)
@@ -31,7 +31,7 @@ from conftest import REPO
 SRC = REPO / "src"
 LAYERS = {
     "fedshift.errors": 0,
-    "fedshift.config": 1, "fedshift.registry": 1, "fedshift.losses": 1,
+    "fedshift.config": 1, "fedshift.registry": 1, "fedshift.losses": 1, "fedshift.overrides": 1,
     "fedshift.data": 2, "fedshift.models": 2,
     "fedshift.tracking": 3, "fedshift.provenance": 3,
     "fedshift.engine": 4, "fedshift.report": 4,

@@ -119,7 +119,7 @@ def test_mlflow_holds_every_run_with_metrics_and_artifacts(ran):
     kinds = sorted(r.data.tags["fedshift.kind"] for r in runs)
     assert kinds == ["federate"] * 4 + ["pretrain"] * 4
     assert len({r.info.run_name for r in runs}) == 8  # short names, one per job
-    fed = next(r for r in runs if r.info.run_name == "fccl_plus homo_lenet rotmnist+photo_patches s0")
+    fed = next(r for r in runs if r.info.run_name == "fccl_plus s0 homo_lenet photo_patches")
     assert fed.data.tags["fedshift.run_key"] == "federate/rotmnist/photo_patches/fccl_plus/homo_lenet/seed0"
     assert fed.info.status == "FINISHED"
     # the tables' number is a metric; device and phase times are recorded
@@ -184,6 +184,8 @@ def test_html_report_carries_report_md_claims_and_says_what_the_pm_is(ran):
     run("snakemake --report report.html", root)
     html = (root / "report.html").read_text(errors="replace")
     assert "report.md" in html and "claims.csv" in html
+    for name in ("report.html", "claims.html"):  # shown inline (eye icon), not offered as a download
+        assert f"filename={name};base64," in html and f"data:text/html;charset=" in html, name
     assert "95% confidence half-width" in html and "± the standard deviation" not in html
 
 
@@ -209,6 +211,23 @@ def test_hyperparameter_change_reruns_only_affected_jobs(ran):
     finally:
         grid["methods"]["fccl_plus"].pop("omega")
         (root / "params/experiments.yaml").write_text(yaml.safe_dump(grid))
+
+
+def test_command_line_overrides_plan_through_snakemake(project):
+    """Issue 39 point 1: `fedshift run` with dotted overrides (a new seed, one method, a named report,
+    so the module's grid is left alone) plus Snakemake's own `--config engine='{rounds: 1}'`, whose
+    BaseLoader strings the workflow types: Snakemake plans exactly that one job, from a config with
+    both (planning writes it; a dry run: the real job would add ~25 s and nothing this checks)."""
+    target = "results/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed7/metrics.json"
+    res = run("FEDSHIFT_TRACKING=none fedshift run grid.0.seeds=[7] grid.0.methods=[fedavg] report.name=cli "
+              f"-- -n --cores 1 {target} --config 'engine={{rounds: 1, lr: 1e-3}}'", project)
+    assert "grid.0.seeds=[7], grid.0.methods=[fedavg], report.name=cli on params/experiments.yaml: " \
+           "0 pretrain and 1 federate jobs planned" in res.stderr
+    planned = [l.strip() for l in res.stdout.splitlines() if l.strip().startswith("output: results/federate/")]
+    assert len(planned) == 1 and planned[0].startswith(f"output: {target},"), res.stdout[-2000:]
+    cfg = yaml.safe_load((project / "results/configs/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed7.yaml").read_text())
+    assert cfg["seed"] == 7 and cfg["engine"]["rounds"] == 1 and cfg["engine"]["lr"] == 0.001
+    assert cfg["engine"]["local_batch"] == TINY_GRID["engine"]["local_batch"]  # the rest of the grid kept
 
 
 def test_unreachable_tracking_server_does_not_abort_the_run(ran):

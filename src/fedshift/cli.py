@@ -1,6 +1,6 @@
 """``fedshift``: one entry point, one subcommand per pipeline verb.
 
-    fedshift list {datasets,scenarios,public,models,structures,methods} [--where]
+    fedshift list [{datasets,scenarios,public,models,structures,methods}] [--where] [--long]
     fedshift fetch DATASET            (DVC stage fetch@DATASET)
     fedshift public NAME              (DVC stage public@NAME)
     fedshift partition SCENARIO       (DVC stage partition@SCENARIO)
@@ -9,6 +9,7 @@
     fedshift collect OUT RUN_DIRS...  (Snakemake rule collect)
     fedshift report RUNS_CSV OUT      (Snakemake rule report)
     fedshift validate                 (check params/*.yaml without running anything)
+    fedshift run [GRID...] KEY=VALUE... [-- SNAKEMAKE ARGS]   (snakemake on the grid with dotted overrides)
     fedshift relocate-store [ROOT]    (a copied mlflow.db reads its artifacts from ROOT/mlartifacts)
     fedshift ui-url                   (the MLflow URL of each experiment's headline view)
     fedshift evaluate RUN_DIR         (re-score a federated run's published models.pt)
@@ -67,15 +68,52 @@ def _registries() -> Dict[str, Callable[[], "Registry"]]:
 
 
 def cmd_list(args) -> None:
-    """One name per line; a plugin's line names its package, ``--where`` every name's origin.
+    """One name per line; a plugin's line names its package, ``--where`` every name's origin,
+    ``--long`` what a method needs and its first docstring line. Without a kind: the kinds.
     A plugin left out (import failure, name clash) is one warning line on stderr (fedshift.registry)."""
+    if args.kind is None:
+        print("what `fedshift list KIND` prints (--where: where each name comes from; --long: what it needs "
+              "and what it is):")
+        for kind in sorted(_registries()):
+            print(f"  {kind}")
+        return
     reg = _registries()[args.kind]()
     for name in reg.names():
         origin = reg.origin(name)
         if args.where:
             print(f"{name}\t{origin}")
+        elif args.long:
+            print(f"{name}\t{_describe(args.kind, reg.get(name))}")
         else:
             print(f"{name}\t[{origin.split(' (')[0]}]" if origin.startswith("plugin ") else name)
+
+
+def _first_line(obj) -> str:
+    import inspect
+
+    doc = inspect.getdoc(obj) or inspect.getdoc(inspect.getmodule(obj)) or ""
+    return " ".join(doc.split("\n\n")[0].split())[:160]
+
+
+def _describe(kind: str, obj) -> str:
+    """``list --long``: for a method what it needs (public set, BASE checkpoints, one architecture)
+    with its default params, then the first paragraph of its docstring."""
+    if kind != "methods":
+        return _first_line(obj)
+    needs = []
+    try:
+        from .methods import resolve_method_params
+
+        method = obj(resolve_method_params(obj.name if isinstance(getattr(obj, "name", None), str) else "", {}))
+        if method.uses_public:
+            needs.append("public set")
+        if obj.needs_base(method.p):
+            needs.append("BASE checkpoints (pretrain)")
+    except Exception:  # noqa: BLE001 - a plugin whose defaults do not resolve alone: say so, list the rest
+        needs.append("? (defaults do not resolve alone)")
+    if obj.requires_homogeneous:
+        needs.append("a homo_<model> structure")
+    return f"needs: {', '.join(needs) or 'private data only'}\t{_first_line(obj)}"
 
 
 def _data_params(path: Path) -> dict:
@@ -325,6 +363,39 @@ def cmd_validate(args) -> None:
         print(missing, file=sys.stderr)
 
 
+def cmd_run(args) -> None:
+    """Merge the grid files (as ``snakemake --configfile`` does), set the dotted overrides, check
+    the result as ``validate`` does, write it to ``results/configs/run-<hash>.yaml`` (the file a
+    later ``snakemake --configfile`` can name again) and exec Snakemake on it."""
+    import hashlib
+
+    from .experiments import dump_config, load_experiments, snakemake_config, write_if_changed
+    from .overrides import apply_overrides
+
+    grids = [i for i in args.items if "=" not in i]
+    overrides = [i for i in args.items if "=" in i]
+    for flag in ("--configfile", "--configfiles"):
+        if flag in args.snakemake_args:
+            raise ConfigError(f"fedshift run: {flag} after `--`: name grid files before `--` and give overrides "
+                              "as KEY=VALUE before it (e.g. fedshift run params/papers/fedmmd_offline.yaml engine.rounds=3)")
+    for g in grids:
+        if not Path(g).exists():
+            raise ConfigError(f"fedshift run: {g}: no such grid file, and not a KEY=VALUE override")
+    exp = apply_overrides(snakemake_config([Path(g) for g in grids or ["params/experiments.yaml"]]), overrides)
+    data_params = Path(exp.get("data_params") or "params/data.yaml")
+    plan = load_experiments({k: v for k, v in exp.items() if k not in ("data_params", "gpus_per_job", "threads_per_job")},
+                            data_params)
+    text = dump_config(exp)
+    path = Path("results/configs") / f"run-{hashlib.sha256(text.encode()).hexdigest()[:10]}.yaml"
+    write_if_changed(path, text)
+    smk = list(args.snakemake_args) or ["--cores", "all"]
+    cmd = [sys.executable, "-m", "snakemake", "--configfile", str(path), *smk]
+    print(f"fedshift run: {', '.join(overrides) or 'no override'} on {' + '.join(grids) or 'params/experiments.yaml'}: "
+          f"{len(plan.needed_pretrain())} pretrain and {len(plan.federate)} federate jobs planned; "
+          f"grid written to {path}\n$ snakemake --configfile {path} {' '.join(smk)}", file=sys.stderr, flush=True)
+    os.execv(sys.executable, cmd)
+
+
 def cmd_ui_url(args) -> None:
     from .tracking import headline_view_urls
 
@@ -359,6 +430,21 @@ def cmd_evaluate(args) -> None:
             print(f"{key} {summary[key]:.4f}")
 
 
+def _plain_help(parser) -> None:
+    """--help is read in a terminal: no RST/Markdown backticks (the docstrings keep them for Sphinx)."""
+    import argparse
+
+    parser.description = (parser.description or "").replace("``", "").replace("`", "") or None
+    for action in parser._actions:
+        if action.help:
+            action.help = action.help.replace("``", "").replace("`", "")
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                _plain_help(sub)
+            for choice in action._choices_actions:
+                choice.help = (choice.help or "").replace("`", "")
+
+
 def main(argv: List[str] | None = None) -> int:
     from importlib import metadata
 
@@ -366,13 +452,17 @@ def main(argv: List[str] | None = None) -> int:
         __version__ = metadata.version("fedshift")
     except metadata.PackageNotFoundError:
         __version__ = "unknown (not installed)"
-    parser = argparse.ArgumentParser(prog="fedshift", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="fedshift", description="\n\n".join(__doc__.split("\n\n")[:2]),
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"fedshift {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("list", help="print registered names, one per line (plugins marked)")
-    p.add_argument("kind", choices=sorted(_registries()), help="which registry to print")
+    p.add_argument("kind", nargs="?", choices=sorted(_registries()), help="which registry to print (none: the kinds)")
     p.add_argument("--where", action="store_true", help="print where each name comes from (built-in module or plugin package)")
+    p.add_argument("-l", "--long", action="store_true",
+                   help="also print what each name needs (methods: public set, BASE checkpoints, one architecture) "
+                        "and the first paragraph of its docstring")
     p.set_defaults(fn=cmd_list)
 
     for name, fn, arg in (("fetch", cmd_fetch, "dataset"), ("public", cmd_public, "name"),
@@ -438,6 +528,16 @@ def main(argv: List[str] | None = None) -> int:
     p.add_argument("--data-params", default="params/data.yaml")
     p.set_defaults(fn=cmd_validate)
 
+    p = sub.add_parser("run", help="run Snakemake on grid files with dotted overrides: "
+                                   "fedshift run [GRID ...] engine.rounds=3 methods.fedprox.mu=0.1 -- -n",
+                       description="Merge the GRID files (default params/experiments.yaml) as snakemake --configfile "
+                                   "does, set each KEY=VALUE (dotted key, YAML value; a list item by index: "
+                                   "grid.0.seeds=[0,1]), check the grid as `fedshift validate` does, write it to "
+                                   "results/configs/run-<hash>.yaml and run snakemake --configfile on it with the "
+                                   "arguments after -- (default: --cores all).")
+    p.add_argument("items", nargs="*", metavar="GRID | KEY=VALUE", help="grid files, then dotted overrides")
+    p.set_defaults(fn=cmd_run, snakemake_args=[])
+
     p = sub.add_parser("ui-url", help="print, per federated experiment, the MLflow URL that opens on the "
                                       "headline view (AVG inter/intra first; start `mlflow ui` first)")
     p.add_argument("--base", default="http://127.0.0.1:5000", help="where `mlflow ui` serves (default: %(default)s)")
@@ -448,7 +548,15 @@ def main(argv: List[str] | None = None) -> int:
     p.add_argument("root", nargs="?", default=".", help="the project folder holding mlflow.db (default: .)")
     p.set_defaults(fn=cmd_relocate_store)
 
+    _plain_help(parser)
+    argv = list(sys.argv[1:] if argv is None else argv)
+    tail: List[str] = []
+    if argv[:1] == ["run"] and "--" in argv:  # `fedshift run ... -- <snakemake args>`: the tail goes to Snakemake as is
+        cut = argv.index("--")
+        argv, tail = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    if args.command == "run":
+        args.snakemake_args = tail
     # INFO lines on stdout (the rules send it to logs/); stderr keeps progress, warnings and errors,
     # which the rules also show in Snakemake's terminal
     out, err = logging.StreamHandler(sys.stdout), logging.StreamHandler(sys.stderr)

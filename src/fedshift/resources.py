@@ -40,6 +40,20 @@ architectures (benchmarks/results/memory_model.md); the request adds ``HEADROOM`
 so a job is asked for at least 1.25x its measured peak (tests/test_memory_model.py checks
 that against fresh runs; tests/test_slurm.py against sacct's MaxRSS under enforcement).
 
+Many-client grids (FedMMD/FedFusion's 100 MNIST shards; issue 39 point 3): under
+``engine.server_model`` the K stateless clients share one working model, so weights and the
+kept activations are those of one model, whatever K (client sampling changes nothing more: one
+client trains at a time). ``keep`` is counted once per distinct architecture (the allocator's
+reused buffers and oneDNN's primitive caches are per layer shape: ten identical LeNets keep what
+one keeps). The batches are those the job really runs: ``local_batch`` at most the largest
+client's private samples, ``public_batch`` at most the public set, ``eval_batch`` at most the
+pooled test set (engine/federation.py clamps them), read off the built manifests when present.
+
+A request above ``MAX_REQUEST_MB`` (``FEDSHIFT_MAX_MEM_MB``, default 64 GB: the nodes the
+papers' grids were sized for) is capped there, with one warning line naming the job; a plugin
+model that cannot run on the meta device is counted by one real forward pass on the CPU at
+batch 2, and if that fails too by ``FALLBACK_PROFILE`` (one warning line each).
+
 On a GPU (``gpus_per_job: 1``) weights, activations and the data live in device memory; the
 host holds the CUDA libraries and the data while it is loaded: ``CUDA_BASE_MB`` + data. That
 figure is not measured on this project's CPU machines (no GPU): it is the CUDA runtime's
@@ -65,6 +79,15 @@ RETRY_FACTOR = 2  # each SLURM retry (profile `retries`) asks for twice the prev
 # LeNet jobs read 1,640-1,770 MB in sacct against 996-1,007 MB alone (tests/test_slurm.py,
 # benchmarks/results/memory_model.md); the workflow adds this, with a margin, to every request.
 WRAPPER_MB = 900.0
+
+# The largest request the workflow makes (MB): larger estimates are capped here with a warning. A
+# 64 GB node is the common size of the clusters the paper grids were sized for; set
+# FEDSHIFT_MAX_MEM_MB for yours (or --set-resources federate:mem_mb=N for one rule).
+MAX_REQUEST_MB = 65536
+# (weights MB, activation MB per sample) of a model counted neither on the meta device nor on the CPU:
+# a ResNet-18 at 3x32x32 (11.2 M parameters, ~2.4 MB of outputs per sample), larger than every
+# built-in CNN of the papers' grids, so a plugin is not under-asked.
+FALLBACK_PROFILE = (42.7, 2.4)
 
 OPTIMISER_SLOTS = {"adam": 2, "amsgrad": 3, "sgd": 0, "sgd_momentum": 1}
 
@@ -93,14 +116,40 @@ class MemoryEstimate:
                 f"+ activations {self.activations:.0f}")
 
 
+def _warn(msg: str) -> None:
+    import sys
+
+    print(f"fedshift: warning: {msg}", file=sys.stderr)
+
+
 @lru_cache(maxsize=None)
 def arch_profile(arch: str, image_shape: Tuple[int, int, int], num_classes: int = 10, norm: str = "default",
                  recompute: bool = True) -> Tuple[float, float]:
+    """:func:`count_profile` on the meta device; a model that cannot run there (a plugin's custom
+    op, a data-dependent shape) is counted on the CPU at batch 2, else ``FALLBACK_PROFILE``."""
+    try:
+        return count_profile(arch, image_shape, num_classes, norm, recompute, "meta")
+    except Exception as exc:  # noqa: BLE001 - any failure of a plugin's forward
+        first = f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:160]}"
+    try:
+        prof = count_profile(arch, image_shape, num_classes, norm, recompute, "cpu")
+        _warn(f"model {arch!r} cannot run on torch's meta device ({first}); its memory is counted by one "
+              "forward pass on the CPU")
+        return prof
+    except Exception as exc:  # noqa: BLE001
+        _warn(f"model {arch!r} cannot be counted on the meta device ({first}) nor on the CPU "
+              f"({type(exc).__name__}); its memory is estimated as {FALLBACK_PROFILE[0]} MB of weights and "
+              f"{FALLBACK_PROFILE[1]} MB of activations per sample (resources.FALLBACK_PROFILE)")
+        return FALLBACK_PROFILE
+
+
+def count_profile(arch: str, image_shape: Tuple[int, int, int], num_classes: int = 10, norm: str = "default",
+                  recompute: bool = True, device: str = "meta") -> Tuple[float, float]:
     """(weights MB, activation MB per training sample) of ``arch`` at ``image_shape``.
 
-    Counted on torch's meta device from one training-mode forward pass (nothing is
-    allocated, so the workflow can call it while it plans; cached per architecture and
-    shape): every leaf module's output, 4 bytes an element. With ``recompute`` (activation
+    Counted on torch's meta ``device`` from one training-mode forward pass (nothing is
+    allocated, so the workflow can call it while it plans; :func:`arch_profile` caches it per
+    architecture and shape): every leaf module's output, 4 bytes an element. With ``recompute`` (activation
     checkpointing, ``engine.recompute``: on for CPU devices) the blocks that
     ``FedModel.run_blocks`` checkpoints keep only their outputs, plus the inner outputs of
     the largest single block while the backward pass recomputes it."""
@@ -109,9 +158,10 @@ def arch_profile(arch: str, image_shape: Tuple[int, int, int], num_classes: int 
     from .models import create_model
 
     kwargs = {} if norm == "default" else {"norm": norm}
-    with torch.device("meta"):
+    with torch.device(device):
         model = create_model(arch, num_classes=num_classes, in_channels=image_shape[0], **kwargs)
-        x = torch.empty((1, *image_shape))
+        n = 1 if device == "meta" else 2  # a real BatchNorm1d cannot train on one sample
+        x = torch.zeros((n, *image_shape))
     out: Dict[int, int] = {}  # id(module) -> output numel
 
     def hook(module, _inputs, result):
@@ -121,13 +171,14 @@ def arch_profile(arch: str, image_shape: Tuple[int, int, int], num_classes: int 
 
     handles = [m.register_forward_hook(hook) for m in model.modules()]
     blocks: list = []  # composite children of every sequence run through run_blocks
-    real_run_blocks = model.run_blocks
+    real_run_blocks = getattr(model, "run_blocks", None)  # a plugin model need not derive from FedModel
 
     def run_blocks(seq, inp):
         blocks.extend(m for m in seq if next(m.children(), None) is not None)
         return real_run_blocks(seq, inp)
 
-    model.run_blocks = run_blocks
+    if real_run_blocks is not None:
+        model.run_blocks = run_blocks
     try:
         model.train()
         with torch.no_grad():  # meta tensors: the counts do not depend on autograd
@@ -145,7 +196,7 @@ def arch_profile(arch: str, image_shape: Tuple[int, int, int], num_classes: int 
                       for b in blocks)
         per_sample = kept + largest
     params = sum(p.numel() for p in model.parameters())
-    return params * 4 / 2**20, per_sample * 4 / 2**20
+    return params * 4 / 2**20, per_sample / n * 4 / 2**20
 
 
 def optimiser_slots(cfg: Mapping) -> int:
@@ -177,8 +228,9 @@ def estimate(archs: Sequence[str], image_shape: Tuple[int, int, int], *, copies:
              public_batch: int = 0, eval_batch: int = 256, all_graphs: bool = False, optimiser: int = 2,
              data_mb: float = 0.0, num_classes: int = 10, device: str = "cpu", norm: str = "default",
              recompute: bool = True) -> MemoryEstimate:
-    """The model above for one job: ``archs`` one per participant (a pretraining job: one);
-    ``copies``: the weight copies the method keeps beyond the model (``Method.weight_copies``)."""
+    """The model above for one job: ``archs`` one per resident model (a pretraining job, or the
+    shared model of ``engine.server_model``: one); ``copies``: the weight copies the method keeps
+    beyond the model (``Method.weight_copies``). ``keep`` is counted once per distinct architecture."""
     if device.startswith("cuda"):
         return MemoryEstimate(CUDA_BASE_MB, 2 * data_mb, 0.0, 0.0)
     prof = [arch_profile(a, tuple(image_shape), num_classes, norm, recompute) for a in archs]
@@ -187,7 +239,7 @@ def estimate(archs: Sequence[str], image_shape: Tuple[int, int, int], *, copies:
     per_sample = [a for _, a in prof]
     local = local_batch * max(per_sample)
     public = public_batch * (sum(per_sample) if all_graphs else max(per_sample)) if public_batch else 0.0
-    kept = KEEP_FACTOR * eval_batch * sum(per_sample)
+    kept = KEEP_FACTOR * eval_batch * sum(a for _, a in dict(zip(archs, prof)).values())
     return MemoryEstimate(BASE_MB, data_mb, weights, ACT_FACTOR * max(local, public) + kept)
 
 
@@ -206,22 +258,48 @@ def _recompute(section: Mapping, device: str) -> bool:
     return recompute_on(section.get("recompute", "auto"), torch.device("cuda" if device.startswith("cuda") else "cpu"))
 
 
+@lru_cache(maxsize=None)
+def _manifest_sizes(folder: Path) -> Tuple[int, int, int]:
+    """(largest participant's private samples, pooled test samples, public samples) read off a
+    built partition or public-set ``manifest.json``; 0 where unknown (not built yet)."""
+    import json
+
+    try:
+        m = json.loads((folder / "manifest.json").read_text())
+    except (OSError, ValueError):
+        return 0, 0, 0
+    if m.get("kind") == "public":
+        return 0, 0, int(((m.get("splits") or {}).get("train") or {}).get("n", 0))
+    parts = (m.get("participants") or {}).values()
+    private = max((int(((p.get("splits") or {}).get("private") or {}).get("n", 0)) for p in parts), default=0)
+    test = sum(int(((p.get("splits") or {}).get("test") or {}).get("n", 0)) for p in parts)
+    return private, test, 0
+
+
+def _clamped(batch: int, n: int) -> int:
+    """The batch a job really runs: at most the ``n`` samples it batches (0: unknown, kept)."""
+    return min(batch, n) if n > 0 else batch
+
+
 def job_estimate(cfg: Mapping, gpus: int = 0, root: Path = Path(".")) -> MemoryEstimate:
     """The estimate of one resolved job config (``kind: federate`` or ``pretrain``, as the
-    workflow plans them): its scenario's image shape and classes, architectures, batches, method,
-    optimiser, data folders, device."""
+    workflow plans them): its scenario's image shape and classes, architectures, batches (clamped
+    to the built data), method, optimiser, data folders, device, ``engine.server_model``."""
     from .data import SCENARIOS
 
     spec = SCENARIOS.get(cfg["scenario"])
     image_shape, num_classes = tuple(spec.image_shape), spec.num_classes
     paths = cfg.get("paths", {}) or {}
-    data_mb = folder_mb([root / paths["partition"] if paths.get("partition") else None,
-                         root / paths["public"] if paths.get("public") else None])
+    partition = (root / paths["partition"]).resolve() if paths.get("partition") else None
+    public = (root / paths["public"]).resolve() if paths.get("public") else None
+    data_mb = folder_mb([partition, public])
+    private_n, test_n, _ = _manifest_sizes(partition) if partition else (0, 0, 0)
     if cfg.get("kind") == "pretrain":
         p = cfg["pretrain"]
         dev = _device_of(p, gpus)
-        return estimate([cfg["arch"]], image_shape, copies=0, local_batch=int(p["batch"]),
-                        eval_batch=int(p.get("eval_batch", 256)), optimiser=optimiser_slots({"engine": p}),
+        return estimate([cfg["arch"]], image_shape, copies=0, local_batch=_clamped(int(p["batch"]), private_n),
+                        eval_batch=_clamped(int(p.get("eval_batch", 256)), test_n),
+                        optimiser=optimiser_slots({"engine": p}),
                         data_mb=data_mb, num_classes=num_classes, device=dev,
                         norm=str(p.get("norm", "default")), recompute=_recompute(p, dev))
     from .methods import METHODS
@@ -230,21 +308,51 @@ def job_estimate(cfg: Mapping, gpus: int = 0, root: Path = Path(".")) -> MemoryE
     method = cfg.get("base_method", cfg.get("method"))
     cls = METHODS.get(method, key="method")
     archs = list(cfg["archs"])
+    if eng.get("server_model"):  # stateless clients share one working model: memory flat in K
+        archs = archs[:1]
     dev = _device_of(eng, gpus)
-    local_batch = int(eng["local_batch"])
+    local_batch = _clamped(int(eng["local_batch"]), private_n)
     if cls.steps_on_peer_batches:  # FedH2L's mutual step: one model on every peer's batch
         local_batch *= len(archs)
     uses_public = bool(paths.get("public")) and cls.uses_public
+    public_n = _manifest_sizes(public)[2] if public and uses_public else 0
     graphs = cls.public_graphs if cls.public_graphs != "engine" else str(eng.get("public_graphs", "one"))
     return estimate(archs, image_shape, copies=cls.weight_copies, local_batch=local_batch,
-                    public_batch=int(eng["public_batch"]) if uses_public else 0,
-                    eval_batch=int(eng.get("eval_batch", 256)),
+                    public_batch=_clamped(int(eng["public_batch"]), public_n) if uses_public else 0,
+                    eval_batch=_clamped(int(eng.get("eval_batch", 256)), test_n),
                     all_graphs=uses_public and graphs == "all",
                     optimiser=optimiser_slots(cfg), data_mb=data_mb, num_classes=num_classes,
                     device=dev, norm=str(eng.get("norm", "default")), recompute=_recompute(eng, dev))
 
 
+def max_request_mb() -> int:
+    """The ceiling of a request: ``FEDSHIFT_MAX_MEM_MB`` or ``MAX_REQUEST_MB``."""
+    import os
+
+    from .errors import ConfigError
+
+    text = os.environ.get("FEDSHIFT_MAX_MEM_MB", "")
+    if not text:
+        return MAX_REQUEST_MB
+    if not text.isdigit() or int(text) < 1024:
+        raise ConfigError(f"FEDSHIFT_MAX_MEM_MB={text!r}: expected a whole number of MB, at least 1024")
+    return int(text)
+
+
+_CAPPED: set = set()  # jobs already warned about (Snakemake asks for a job's resources more than once)
+
+
 def slurm_mem_mb(cfg: Mapping, attempt: int = 1, gpus: int = 0) -> int:
     """What the workflow asks SLURM for (``mem_mb``): the job's estimate plus the Snakemake
-    process inside the allocation (``WRAPPER_MB``), with ``HEADROOM``, doubled per retry."""
-    return job_estimate(cfg, gpus=gpus).request_mb(attempt, extra_mb=WRAPPER_MB)
+    process inside the allocation (``WRAPPER_MB``), with ``HEADROOM``, doubled per retry, at most
+    :func:`max_request_mb` (one warning line per job when capped)."""
+    est = job_estimate(cfg, gpus=gpus)
+    mb, ceiling = est.request_mb(attempt, extra_mb=WRAPPER_MB), max_request_mb()
+    if mb <= ceiling:
+        return mb
+    name = cfg.get("run_name", cfg.get("kind", "job"))
+    if name not in _CAPPED:
+        _CAPPED.add(name)
+        _warn(f"{name}: memory request {mb} MB (estimated peak {est.describe()}) capped at {ceiling} MB "
+              "(FEDSHIFT_MAX_MEM_MB; per rule: --set-resources federate:mem_mb=N)")
+    return ceiling

@@ -193,7 +193,50 @@ def _experiment_id(client, name: str, root: Path) -> str:
         return exp.experiment_id
     if _federated_experiment(name):
         set_headline_view(client, eid)
+    describe_experiment(client, eid, name)
     return eid
+
+
+# MLflow 3 opens on its GenAI home and shows an experiment's GenAI overview (traces) in "GenAI" mode,
+# the default of its "GenAI | Model training" switch, which the browser keeps (localStorage
+# `mlflow.workflowType`). A URL's `workflowType=machine_learning` selects "Model training" (3.17);
+# the experiment tag `mlflow.experimentKind: custom_model_development` is what earlier 3.x UIs read
+# (3.17 ignores it while the switch exists; written for them). `mlflow.note.content` is the
+# description at the top of the experiment's page, whose first line shows without expanding it.
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+DESCRIPTION_TAG = "mlflow.note.content"
+
+
+def headline_view_path(experiment_id: str) -> str:
+    """The hash route of an experiment's headline view, in "Model training" mode."""
+    return f"#/experiments/{experiment_id}/runs?viewStateShareKey={SHARED_VIEW_KEY}&workflowType=machine_learning"
+
+
+def experiment_description(name: str, experiment_id: str) -> str:
+    """The experiment's description (Markdown): what its runs are and how to land on the answer."""
+    if name == REPORT_EXPERIMENT:
+        return ("fedshift reports: one run per grid, named `report/<report.name>` (`report/main`: the "
+                "default grid). Its artifacts hold `report.md`, the tables (CSV) and the figures; the "
+                "same files are in `results/report/` (or `results/ablations/<name>/report/`).")
+    if name.endswith("-pretrain"):
+        return (f"fedshift: SOLO/BASE pretraining runs of scenario `{name[:-len('-pretrain')]}`, one per "
+                "participant x architecture x seed (run name `<arch> <participant> s<seed>`); the report's "
+                "`base_pretrain` row. The federated runs are in the experiment named after the scenario.")
+    return (f"**[Open the headline view]({headline_view_path(experiment_id)})**: the AVG inter / intra of "
+            f"every federated run of scenario `{name}`, side by side.\n\n"
+            "One run per method x seed x structure x public set (run name `<method> s<seed> <structure> "
+            "<public set>`). The headline view: federated runs sorted by name, first columns "
+            "`table/AVG_inter` and `table/AVG_intra` (percent, rounded to 0.01: the AVG columns of the "
+            "report's tables for that seed), then `time/total_s`, `method`, `structure`; a first chart "
+            "section with the headline per method. Per-round curves: `avg/inter/top1`, "
+            "`<participant>/inter/top1`. Pretraining runs: experiment "
+            f"`{name}-pretrain`; the tables with their intervals: `results/report/report.md`.")
+
+
+def describe_experiment(client, experiment_id: str, name: str) -> None:
+    """Write the description and the experiment kind (also into a store made before they existed)."""
+    _retry(client.set_experiment_tag, experiment_id, DESCRIPTION_TAG, experiment_description(name, experiment_id))
+    _retry(client.set_experiment_tag, experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
 
 
 # ---------------------------------------------------------------------------------------
@@ -260,7 +303,9 @@ def headline_view_urls(root: Path | None = None, base: str = "http://127.0.0.1:5
             continue
         if SHARED_VIEW_TAG + SHARED_VIEW_KEY not in exp.tags:
             set_headline_view(client, exp.experiment_id)
-        out[exp.name] = f"{base}/#/experiments/{exp.experiment_id}/runs?viewStateShareKey={SHARED_VIEW_KEY}"
+        if DESCRIPTION_TAG not in exp.tags:
+            describe_experiment(client, exp.experiment_id, exp.name)
+        out[exp.name] = f"{base}/{headline_view_path(exp.experiment_id)}"
     return out
 
 
@@ -395,13 +440,13 @@ RUN_KEY_TAG = "fedshift.run_key"
 
 
 def run_display_name(cfg: Mapping[str, Any]) -> str:
-    """Short, unique within the store: 'fccl_plus demo_mixed rotmnist+photo_patches s0'
-    (federate) or 'pretrain lenet m20 rotmnist s0' (pretrain)."""
+    """Short, unique within its experiment (the scenario: :func:`job_experiment`), what differs
+    first so MLflow's name column does not cut it off: 'fccl_plus s0 demo_mixed photo_patches'
+    (federate) or 'lenet m20 s0' (pretrain, in ``<scenario>-pretrain``)."""
     if cfg.get("kind") == "pretrain":
-        return f"pretrain {cfg['arch']} {cfg['participant']} {cfg['scenario']} s{cfg['seed']}"
+        return f"{cfg['arch']} {cfg['participant']} s{cfg['seed']}"
     public = cfg.get("public") or "none"
-    where = cfg["scenario"] if public == "none" else f"{cfg['scenario']}+{public}"
-    return f"{cfg['method']} {cfg['structure']} {where} s{cfg['seed']}"
+    return f"{cfg['method']} s{cfg['seed']} {cfg['structure']}" + ("" if public == "none" else f" {public}")
 
 
 def job_tags(cfg: Mapping[str, Any], kind: str) -> Dict[str, str]:
@@ -503,8 +548,8 @@ def headline_metrics(metrics: Mapping[str, Any], scenario: Optional[str] = None)
     """The tables' numbers as MLflow metrics: ``headline/<key>`` (mean of the last k
     evaluated rounds, fractions) and ``table/AVG_inter``/``table/AVG_intra`` (percent, the
     scenario's headline top-k: the AVG column of the report's tables for this seed)."""
-    head = metrics.get("headline") or {}
-    out = {f"headline/{k}": float(v) for k, v in head.items()}
+    head = {k: round(float(v), 4) for k, v in (metrics.get("headline") or {}).items()}  # MLflow shows all digits
+    out = {f"headline/{k}": v for k, v in head.items()}
     topk = 1
     if scenario:
         try:
@@ -516,21 +561,21 @@ def headline_metrics(metrics: Mapping[str, Any], scenario: Optional[str] = None)
     for kind in ("inter", "intra"):
         key = f"avg/{kind}/top{topk}"
         if key in head:
-            out[f"table/AVG_{kind}"] = 100.0 * float(head[key])
+            out[f"table/AVG_{kind}"] = round(100.0 * head[key], 2)  # the tables' precision
     return out
 
 
 def timing_metrics(metrics: Mapping[str, Any], wall_s: float) -> Dict[str, float]:
     """Wall time per phase (seconds): total, training, evaluation, and the rest (setup:
     data loading, models, writing outputs)."""
-    out = {"time/total_s": float(wall_s)}
+    out = {"time/total_s": round(float(wall_s), 1)}
     # Phase seconds only (``*_s``): timings also carry checkpoint bytes and the resumed rounds.
     phases = {k: float(v) for k, v in (metrics.get("timings") or {}).items()
               if k.endswith("_s") and isinstance(v, (int, float)) and not isinstance(v, bool)}
     for k, v in phases.items():
-        out[f"time/{k}"] = v
+        out[f"time/{k}"] = round(v, 1)
     if phases:
-        out["time/setup_s"] = max(0.0, float(wall_s) - sum(phases.values()))
+        out["time/setup_s"] = round(max(0.0, float(wall_s) - sum(phases.values())), 1)
     return out
 
 

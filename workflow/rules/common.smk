@@ -19,6 +19,12 @@ DATA_PARAMS = config.get("data_params", "params/data.yaml")
 # Execution keys set by a profile or --config, not part of the experiment grid.
 WORKFLOW_KEYS = ("data_params", "gpus_per_job", "threads_per_job", "overlay_of")
 GRID = {k: v for k, v in config.items() if k not in WORKFLOW_KEYS}
+# `--config engine='{rounds: 3}'`: Snakemake parses nested values with YAML's BaseLoader, so every
+# scalar arrives as a string ('3'); typed here as a grid file would type it (fedshift.overrides).
+# Dotted keys (engine.rounds=3) Snakemake refuses: `fedshift run GRID engine.rounds=3 -- ARGS`.
+from fedshift.overrides import coerce_cli_strings
+
+coerce_cli_strings(GRID, {k: v for k, v in (workflow.config_settings.config or {}).items() if k not in WORKFLOW_KEYS})
 # A user grid (--configfile) reports only what it names: its report block replaces the default's
 # instead of being merged into it (else it inherits report.published from params/experiments.yaml).
 _USER_FILES = [f for f in workflow.overwrite_configfiles or []
@@ -165,7 +171,8 @@ onstart:
 #   the job's arrays (read off its data folders), each participant's weights times the copies
 #   the method and optimiser keep, and the activations of its largest training phase (counted
 #   per architecture at the scenario's image size on torch's meta device, times the batch),
-#   fitted to the peak RSS of real jobs (benchmarks/memory_model.py); requested at 1.3x the
+#   fitted to the peak RSS of real jobs (benchmarks/memory_model.py); one shared model under
+#   engine.server_model (flat in K), capped at FEDSHIFT_MAX_MEM_MB with a warning; requested at 1.3x the
 #   estimate + the Snakemake process inside the allocation (WRAPPER_MB: 900 MB; 0.6-0.8 GB measured in sacct's MaxRSS),
 #   >= 1.25x the measured peaks, doubled on each retry (`retries` in the SLURM
 #   profile). On a GPU (gpus_per_job: 1) the host holds the CUDA runtime and the data only.
@@ -262,8 +269,12 @@ def pretrain_runtime(wc, attempt):
 
 
 def report_labels(wc):
-    """HTML report labels: the kind and the group (scenario__public__structure) or the file type."""
-    return {"kind": wc.kind, "group": getattr(wc, "group", None) or getattr(wc, "ext", "")}
+    """HTML report labels: the kind, the group (scenario__public__structure) and the file type
+    (labels must differ within a category: delta__<table>.png and .csv are both listed)."""
+    group = getattr(wc, "group", None)
+    if group:
+        return {"kind": wc.kind, "group": group, "file": wc.ext}
+    return {"kind": wc.kind, "file": f"{wc.kind}.{wc.ext}"}
 
 
 # ---------------------------------------------------------------------------------------

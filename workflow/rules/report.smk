@@ -3,7 +3,8 @@
 # named grid (report.name), see common.smk. The report also compares with the published
 # tables the grid names (report.published) and evaluates the papers' claims, so both are inputs.
 # `snakemake --report report.html` bundles the tables and figures with the captions of
-# workflow/report/ (one entry per file of the report folder, grouped by kind), and report.md,
+# workflow/report/ (one entry per file of the report folder, grouped by kind; report.html and
+# claims.html show report.md and claims.csv inline, the .md/.csv download), and report.md,
 # the paper delta (delta__<table>.csv/.png, delta_summary.csv), the claims (claims.csv) and the
 # flagged published values as their own items, with captions that say what the ± is.
 
@@ -45,10 +46,11 @@ rule report:
     output:
         report(
             directory(REPORT_DIR),
+            # ext is a label too: delta__<table>.png and .csv are two items, not one (a category
+            # listed 4 entries for 8 files); report.html / claims.html are the inline views.
             patterns=[
-                "{kind,[a-z0-9]+(?:_[a-z0-9]+)*}__{group}.png",
-                "{kind,[a-z0-9]+(?:_[a-z0-9]+)*}__{group}.csv",
-                "{kind,report|claims|delta_summary|published_flags|h2l_selected|tuned}.{ext,md|csv}",
+                "{kind,[a-z0-9]+(?:_[a-z0-9]+)*}__{group}.{ext,png|csv}",
+                "{kind,report|claims|delta_summary|published_flags|h2l_selected|tuned}.{ext,md|csv|html}",
             ],
             caption="../report/results.rst",
             category="{kind}",

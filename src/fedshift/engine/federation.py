@@ -77,6 +77,17 @@ def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
 LossFn = Callable[[Client, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
+def quiet_layout_warning() -> None:
+    """Silence torch's "grad and param do not obey the gradient layout contract" UserWarning
+    (issue 39 point 7): with ``engine.channels_last`` (the default) a method that steps a
+    channels_last model on a gradient some kernel made contiguous (FedMD's digest step) meets it
+    once per job; torch copies the gradient into the parameter's layout, which is correct, and
+    the message reached the terminal through Snakemake."""
+    import warnings
+
+    warnings.filterwarnings("ignore", message=r".*do not obey the gradient layout contract", category=UserWarning)
+
+
 class Federation:
     def __init__(self, data: FederatedData, models: List[FedModel], archs: List[str], cfg: EngineConfig,
                  seed: int, device: torch.device):
@@ -86,6 +97,8 @@ class Federation:
         self.seed = seed
         seeds = derive_seeds(seed, len(models) + 2)
         fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
+        if cfg.channels_last:  # expected: a channels_last weight gets a contiguous gradient from some kernels
+            quiet_layout_warning()
         for m in models:
             if isinstance(m, FedModel):
                 m.recompute = recompute_on(cfg.recompute, device)  # engine.recompute (activation checkpointing)

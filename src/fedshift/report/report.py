@@ -234,6 +234,9 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
 
         md += report_figures(df, tmp, report_cfg, last_k, tables=named)
         (tmp / "report.md").write_text("\n".join(md))
+        from .html import write_html_views  # report.md and claims.csv shown inline by snakemake --report
+
+        write_html_views(tmp)
         written = sorted(tmp.iterdir())
     final = [Path(out_dir) / p.name for p in written]
     if tracking and os.environ.get("FEDSHIFT_TRACKING", "mlflow") != "none":
