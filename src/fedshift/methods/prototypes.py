@@ -115,3 +115,103 @@ class TrainableGlobalPrototypes(nn.Module):
 
     def forward(self) -> Tensor:
         return self.fc(torch.relu(self.middle(self.embeddings.weight)))
+
+
+# ------------------------------------------------------------------ FPL
+
+
+def first_neighbour_partition(x: Tensor) -> Tensor:
+    """One FINCH step (Sarfraz et al., CVPR 2019), cosine distance: link every row to its first
+    (nearest) neighbour; clusters are the connected components. The FINCH code
+    (``RethinkFL utils/finch.py:20-59``) links i and j when j is i's neighbour, i is j's, or they
+    share one (``A = (N + I)(N + I)^T``), whose components are those of the i - neighbour(i) edges.
+    Returns (n,) labels 0..k-1 numbered by each cluster's first row."""
+    n = x.shape[0]
+    if n == 1:
+        return torch.zeros(1, dtype=torch.long)
+    xn = x / x.norm(dim=1, keepdim=True).clamp(min=1e-12)
+    dist = 1 - xn @ xn.T
+    dist.fill_diagonal_(float("inf"))  # finch.py:26 fills 1e12
+    nearest = dist.argmin(1).tolist()  # ties: the lowest index, as np.argmin
+    parent = list(range(n))
+
+    def root(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for i, j in enumerate(nearest):
+        a, b = root(i), root(j)
+        if a != b:
+            parent[max(a, b)] = min(a, b)
+    labels, out = {}, []
+    for i in range(n):
+        out.append(labels.setdefault(root(i), len(labels)))
+    return torch.tensor(out, dtype=torch.long)
+
+
+def finch_partition(x: Tensor) -> Tensor:
+    """FINCH's last partition with more than one cluster, as FPL takes it (``c[:, -1]`` with
+    ``req_clust=None, ensure_early_exit=False``: ``RethinkFL models/fpl.py:66-72``): partition the
+    rows, then repeatedly partition the clusters' means (means of the member rows,
+    ``finch.py:78-93``) until a step leaves one cluster or merges nothing (``finch.py:162-174``);
+    a first partition of one cluster is kept. Returns (n,) labels 0..k-1."""
+    c = first_neighbour_partition(x)
+    while True:
+        k = int(c.max()) + 1
+        means = torch.zeros(k, x.shape[1], dtype=x.dtype).index_add_(0, c, x) / torch.bincount(c, minlength=k).to(
+            x.dtype).unsqueeze(1)
+        u = first_neighbour_partition(means)
+        merged = u[c]
+        now = int(merged.max()) + 1
+        if now == 1 or now >= k:
+            return c
+        c = merged
+
+
+def fpl_server_prototypes(protos: Tensor, has: Tensor) -> Tuple[Tensor, Tensor, Tensor, Tensor]:
+    """FPL's server step (``RethinkFL models/fpl.py:52-88, 140-150``): per class, the uploaded
+    prototypes (a class of one uploader: that one) clustered by :func:`finch_partition`, each
+    cluster's mean a *cluster prototype*; the *unbiased prototype* is the mean of the class's
+    cluster prototypes.
+
+    ``protos`` (K, C, d), ``has`` (K, C) bool. Returns ``clusters`` (M, d), ``owner`` (M,) the class
+    of each, ``unbiased`` (C, d) and ``present`` (C,) bool.
+    """
+    clusters, owner = [], []
+    unbiased = torch.zeros(protos.shape[1:], dtype=protos.dtype, device=protos.device)
+    for c in range(protos.shape[1]):
+        rows = protos[has[:, c], c]
+        if len(rows) == 0:
+            continue
+        labels = finch_partition(rows.detach().cpu()).to(rows.device)
+        k = int(labels.max()) + 1
+        centres = torch.stack([rows[labels == j].mean(0) for j in range(k)])
+        clusters.append(centres)
+        owner += [c] * k
+        unbiased[c] = centres.mean(0)
+    present = has.any(0)
+    return torch.cat(clusters), torch.tensor(owner, dtype=torch.long, device=protos.device), unbiased, present
+
+
+def fpl_prototype_loss(f: Tensor, labels: Tensor, clusters: Tensor, owner: Tensor, unbiased: Tensor,
+                       present: Tensor, tau: float) -> Tensor:
+    """FPL's two prototype terms (``RethinkFL models/fpl.py:90-121, 165-184``), summed over the samples
+    whose class has prototypes and divided by the batch size (every sample counts, ``:180-181``):
+
+    * cluster-prototype contrast: ``-log( sum_{p of class y} e^{cos(f, p)/tau} / sum_{all p} e^{cos(f, p)/tau} )``
+      over every class's cluster prototypes;
+    * unbiased-prototype consistency: ``MSELoss(f, u_y)``, the mean over the d entries.
+
+    0 (still differentiable) when no sample's class has prototypes (the official code would fail there).
+    """
+    has = present.to(torch.bool)[labels]
+    cos = F.normalize(f, dim=1, eps=1e-8) @ F.normalize(clusters.to(f.dtype), dim=1, eps=1e-8).T / tau  # (B, M)
+    # rows of classes without prototypes take every column as positive (a finite 0 they then drop), so no
+    # -inf reaches logsumexp's backward
+    pos = (owner.unsqueeze(0) == labels.unsqueeze(1)) | ~has.unsqueeze(1)
+    info = torch.logsumexp(cos, 1) - torch.logsumexp(cos.masked_fill(~pos, float("-inf")), 1)
+    mse = (f - unbiased[labels].to(f.dtype)).pow(2).mean(1)
+    per = torch.where(has, info + mse, torch.zeros_like(mse))
+    return per.sum() / len(labels)
