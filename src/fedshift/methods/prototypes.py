@@ -1,9 +1,9 @@
-"""Pure arithmetic of the prototype-exchanging methods (FedProto, FedTGP).
+"""Pure arithmetic of the prototype methods (FedProto, FedTGP, FPL).
 
 Each function takes tensors, returns tensors, keeps the input dtype (float64 works end
-to end) and holds no state; the methods in :mod:`fedshift.methods.fedproto` and
-:mod:`fedshift.methods.fedtgp` call them. Official code cited as ``repo/path:line`` at
-the commits the docstrings of those modules name.
+to end) and holds no state; :mod:`fedshift.methods.fedproto`, :mod:`fedshift.methods.fedtgp`
+and :mod:`fedshift.methods.fpl` call them. Official code cited as ``repo/path:line`` at the
+commits the docstrings of those modules name.
 """
 
 from __future__ import annotations
