@@ -203,3 +203,15 @@ def test_unknown_state_keys_are_refused(tiny_data):
     m.setup(fed)
     with pytest.raises(ValueError, match="unknown keys.*protos"):
         m.load_state_dict({"protos": torch.zeros(1)})
+
+
+def test_init_base_starts_every_participant_from_one_average(tiny_data):
+    """init: base averages the participants' (BASE) models into one start, as FedAvg does."""
+    fed = tiny_federation(tiny_data, ("lenet", "lenet"))
+    a, b = (dict(c.model.state_dict()) for c in fed.clients)
+    m = create_method("fedheal", {"init": "base", "weighting": "uniform"})
+    m.setup(fed)
+    for k, v in fed.clients[0].model.state_dict().items():
+        assert torch.equal(v, fed.clients[1].model.state_dict()[k])
+        if torch.is_floating_point(v):
+            torch.testing.assert_close(v, (a[k] + b[k]) / 2)

@@ -109,8 +109,10 @@ def test_params_defaults_follow_the_official_commands():
         == (10.0, "eval", 100, 100.0, 0.01, 10)  # FedTGP run_me.sh:1, clienttgp.py:67-88
     from fedshift.errors import ConfigError
 
-    with pytest.raises((ConfigError, ValueError), match="server_batch"):
+    with pytest.raises(ConfigError, match=r"methods.fedtgp: invalid values \{'server_batch': 0\}"):
         create_method("fedtgp", {"server_batch": 0})
+    with pytest.raises(ConfigError, match="methods.fedproto.local_protos: invalid value 'x'; valid: 'training', 'eval'"):
+        create_method("fedproto", {"local_protos": "x"})
 
 
 # ------------------------------------------------- one whole round in float64 vs a re-implementation

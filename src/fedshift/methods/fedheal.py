@@ -69,6 +69,7 @@ class FedHEALParams:
     init: Literal["scratch", "base"] = "scratch"  # the authors' runs start from scratch
     # global: score the round-end aggregate (FedHEAL utils/training.py); local: FCCL+ benchmark protocol
     eval_models: Literal["global", "local"] = "global"
+    weighting: Literal["samples", "uniform"] = "samples"  # init: base only: how the BASE models average into the start
     threshold: float = 0.3  # consistency an entry needs to be kept (FedHEAL main.py:52, --threshold)
     beta: float = 0.4  # EMA rate of the fair weights (FedHEAL main.py:53, --beta)
 
