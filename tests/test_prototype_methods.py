@@ -333,3 +333,27 @@ def test_interrupted_fedtgp_job_resumes_bit_identically(tiny_data, tmp_path, mon
     _interrupt_and_resume(monkeypatch, cfg, FedTGP, out)
     _, timings = _same_run(ref, out, ("rounds.csv", "sampled.csv"))
     assert timings["resumed_after_rounds"] == [2]
+
+
+@pytest.mark.parametrize("name", ["fedproto", "fedtgp", "fpl", "fedheal"])
+def test_engine_refusals_are_one_line_naming_the_method(name):
+    """Fused clients: no fused objective (or an overridden loss / round); server_model: a model per
+    participant (prototype methods) or their own protocol; sampling allowed where the method says so."""
+    from fedshift.engine.config import EngineConfig
+    from fedshift.engine.fused import fusion_obstacle
+    from fedshift.engine.sampling import check_engine
+    from fedshift.errors import ConfigError
+    from fedshift.models import create_model
+
+    m = create_method(name)
+    why = fusion_obstacle(m, ["lenet"] * 2, [create_model("lenet", 10, 1, norm="group")])
+    assert why and name in why
+    check_engine(m, EngineConfig(device="cpu", clients_per_round=1))  # sampling: every one of them honours it
+    if name in ("fedproto", "fedtgp"):
+        with pytest.raises(ConfigError, match=f"engine.server_model: method '{name}' keeps a model per participant") as e:
+            check_engine(m, EngineConfig(device="cpu", server_model=True))
+        assert "\n" not in str(e.value)
+    local = create_method(name, {"eval_models": "local"}) if name in ("fpl", "fedheal") else None
+    if local is not None:
+        with pytest.raises(ConfigError, match="clients_per_round/client_fraction"):
+            check_engine(local, EngineConfig(device="cpu", clients_per_round=1))

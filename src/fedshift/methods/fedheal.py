@@ -26,7 +26,7 @@ Official code read (file:line at yuhangchen0/FedHEAL 770e094b, 2024-05-28):
   plain weights where no participant kept the entry (their masked updates are 0 there)
   (``federated_model.py:138-189``);
 * ``threshold = 0.3``, ``beta = 0.4`` (``main.py:52-53``); the global model is scored
-  (``utils/training.py``); the authors' engine settings (not method parameters): SGD lr 0.001,
+  (``utils/training.py:12-14``); the authors' engine settings (not method parameters): SGD lr 0.001,
   momentum 0.9, weight decay 1e-5 (``fedavgheal.py:62``, ``utils/best_args.py``), batch 64 Digits /
   16 Office-Caltech (``best_args.py``), 10 local epochs, 200 rounds, 20 participants
   (``main.py:35-37``).
@@ -67,7 +67,7 @@ State = Dict[str, torch.Tensor]
 @dataclass(frozen=True)
 class FedHEALParams:
     init: Literal["scratch", "base"] = "scratch"  # the authors' runs start from scratch
-    # global: score the round-end aggregate (FedHEAL utils/training.py); local: FCCL+ benchmark protocol
+    # global: score the round-end aggregate (FedHEAL utils/training.py:12-14); local: FCCL+ benchmark protocol
     eval_models: Literal["global", "local"] = "global"
     weighting: Literal["samples", "uniform"] = "samples"  # init: base only: how the BASE models average into the start
     threshold: float = 0.3  # consistency an entry needs to be kept (FedHEAL main.py:52, --threshold)
