@@ -166,12 +166,13 @@ def test_three_rounds_in_float64_equal_the_reimplementation(monkeypatch, sampled
 # ------------------------------------------------------------------ resume
 
 
-@pytest.mark.parametrize("params,engine", [({}, {}), ({"eval_models": "local"}, {}), ({}, {"clients_per_round": 1})],
-                         ids=["global", "local", "sampled"])
-def test_restored_from_state_dict_round_three_is_bit_identical(tiny_data, tmp_path, params, engine):
+@pytest.mark.parametrize("name,params,engine", [("fedheal", {}, {}), ("fedheal", {"eval_models": "local"}, {}),
+                                                ("fedheal", {}, {"clients_per_round": 1}), ("fpl_heal", {}, {})],
+                         ids=["global", "local", "sampled", "fpl_heal"])
+def test_restored_from_state_dict_round_three_is_bit_identical(tiny_data, tmp_path, name, params, engine):
     def build():
         fed = tiny_federation(tiny_data, ("lenet", "lenet"), rounds=3, public_aug="none", **engine)
-        method = create_method("fedheal", params)
+        method = create_method(name, params)
         method.setup(fed)
         return fed, method
 
@@ -195,6 +196,8 @@ def test_restored_from_state_dict_round_three_is_bit_identical(tiny_data, tmp_pa
     assert method.prev_w == method2.prev_w and method.count == method2.count
     if params:  # eval_models: local keeps the next round's start aside
         assert all(torch.equal(method.pending[k], method2.pending[k]) for k in method.pending)
+    if name == "fpl_heal":
+        assert torch.equal(method.clusters, method2.clusters) and torch.equal(method.unbiased, method2.unbiased)
 
 
 def test_unknown_state_keys_are_refused(tiny_data):
@@ -215,3 +218,26 @@ def test_init_base_starts_every_participant_from_one_average(tiny_data):
         assert torch.equal(v, fed.clients[1].model.state_dict()[k])
         if torch.is_floating_point(v):
             torch.testing.assert_close(v, (a[k] + b[k]) / 2)
+
+
+def test_fpl_heal_is_fpls_clients_under_fedheals_server():
+    """Round 1 has no prototypes yet: fpl_heal's global model equals FedHEAL's and its prototypes
+    equal FPL's, bit for bit; in round 2 FPL's prototype terms change the clients, so the models part."""
+    def run(name, rounds):
+        fed = synthetic_federation(4, per_client=12, server_model=False, local_batch=5, local_epochs=2, lr=0.1,
+                                   momentum=0.0)
+        m = create_method(name, {"tau": 0.5} if "fpl" in name else {})
+        m.setup(fed)
+        for r in range(1, rounds + 1):
+            fed.round = r
+            m.run_round(fed, r)
+        return fed.clients[0].model.state_dict(), m
+
+    both, m = run("fpl_heal", 1)
+    heal, _ = run("fedheal", 1)
+    _, fpl = run("fpl", 1)
+    assert all(torch.equal(both[k], heal[k]) for k in both)
+    assert torch.equal(m.clusters, fpl.clusters) and torch.equal(m.unbiased, fpl.unbiased)
+    both2, _ = run("fpl_heal", 2)
+    heal2, _ = run("fedheal", 2)
+    assert not all(torch.allclose(both2[k], heal2[k]) for k in both2)

@@ -44,6 +44,10 @@ Differs (and why):
 * ``eval_models: local`` (the FCCL+ benchmark's protocol): the HEAL aggregate of round r is
   loaded at the start of round r+1 and each participant is scored after local updating.
 
+``fpl_heal`` (:class:`FPLHEAL`): FPL's clients under FedHEAL's server, the combination the paper
+names ("generic and can be combined with other existing FL methods", its abstract); the official repository
+ships only FedAvg + HEAL, so this pairing is fedshift's.
+
 Fused clients are refused by name (a custom round). State across rounds: each
 participant's direction history and participation count, the weights' EMA terms, the
 last update sizes, and under ``eval_models: local`` the pending global model
@@ -60,6 +64,7 @@ import torch
 from ..engine.sampling import round_clients
 from .base import METHODS
 from .fedavg import ServerAveraging
+from .fpl import FPL
 
 State = Dict[str, torch.Tensor]
 
@@ -217,3 +222,42 @@ class FedHEAL(ServerAveraging):
         self.prev_delta = {n: float(v) for n, v in state.get("prev_delta", {}).items()}
         pending = state.get("pending")
         self.pending = None if pending is None else {k: v.to(dev) for k, v in pending.items()}
+
+
+@dataclass(frozen=True)
+class FPLHEALParams:
+    init: Literal["scratch", "base"] = "scratch"  # the authors' runs start from scratch
+    weighting: Literal["samples", "uniform"] = "samples"  # init: base only: how the BASE models average into the start
+    eval_models: Literal["global", "local"] = "global"  # as fedheal / fpl
+    tau: float = 0.02  # FPL's contrast temperature (RethinkFL main.py:55)
+    threshold: float = 0.3  # FedHEAL main.py:52
+    beta: float = 0.4  # FedHEAL main.py:53
+
+    def __post_init__(self):
+        FedHEALParams(threshold=self.threshold, beta=self.beta)
+        if self.tau <= 0:
+            raise ValueError(f"tau must be > 0, got {self.tau}")
+
+
+@METHODS.register("fpl_heal")
+class FPLHEAL(FPL, FedHEAL):
+    """FPL's clients (prototype terms, FINCH prototypes) with FedHEAL's server (masked, fairly weighted updates).
+
+    FedHEAL is "generic and can be combined with other existing FL methods" (the abstract in its
+    README); the official repository ships only FedAvg + HEAL (``models/fedavgheal.py``), so this
+    combination is fedshift's: FPL's ``local_update`` runs FedHEAL's round (the method resolution
+    order puts FedHEAL's round under FPL's prototype step) and FPL's ``local_loss``.
+    """
+
+    name = "fpl_heal"
+    Params = FPLHEALParams
+
+    def state_dict(self) -> Dict[str, Any]:
+        return {"fpl": FPL.state_dict(self), "heal": FedHEAL.state_dict(self)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        unknown = sorted(set(state) - {"fpl", "heal"})
+        if unknown:
+            raise ValueError(f"fpl_heal state has unknown keys {unknown}; expected ['fpl', 'heal']")
+        FPL.load_state_dict(self, state.get("fpl", {}))
+        FedHEAL.load_state_dict(self, state.get("heal", {}))
