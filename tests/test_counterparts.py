@@ -392,3 +392,37 @@ def test_paper_grids_validate_with_every_counterpart(grid, data, federate):
     if grid.endswith("offline") and "table8" in grid:
         expected |= {"fml", "rcfl"}
     assert expected <= methods
+
+
+@pytest.mark.parametrize("teacher_bn", ["eval", "train"])
+def test_moon_teacher_bn_switch(make_fed, teacher_bn):
+    """`teacher_bn: train` (the FCCL+ benchmark, fccl+/models/moon.py:59-60): the teachers' BatchNorm uses the
+    batch's statistics (and moves their running statistics); `eval` (MOON's code) uses the running ones. The
+    loss equals CE + mu * L_con computed on copies of the three models put in the expected modes."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from fedshift.data.loading import normalize
+
+    torch.manual_seed(0)
+    fed, m = _run(make_fed, "moon", {"teacher_bn": teacher_bn}, rounds=(1,), fed=make_fed("moon", norm="batch"))
+    c = fed.clients[0]
+    prev, glob = m._prev[c.name], m._global[c.name]
+    stats = {k: v.clone() for k, v in prev.state_dict().items() if "running_mean" in k}
+    assert stats  # a BatchNorm model
+    x, y = c.data.splits["private"]
+    xb, yb = normalize(x[:16]), y[:16]
+    train = teacher_bn == "train"
+    model_c, glob_c, prev_c = (copy.deepcopy(t) for t in (c.model, glob, prev))
+    glob_c.train(train)
+    prev_c.train(train)
+    with torch.no_grad():
+        h, logits = model_c.forward_with_features(xb)
+        want = F.cross_entropy(logits, yb) + m.p.mu * L.moon_contrastive_loss(
+            h, glob_c.features(xb), prev_c.features(xb), m.p.tau)
+    got = m.local_loss(fed, c, xb, yb, 0)
+    torch.testing.assert_close(got.detach(), want, rtol=1e-5, atol=1e-6)
+    assert prev.training == train and glob.training == train
+    moved = any(not torch.equal(stats[k], v) for k, v in prev.state_dict().items() if k in stats)
+    assert moved == train

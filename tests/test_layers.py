@@ -33,7 +33,7 @@ LAYERS = {
     "fedshift.errors": 0,
     "fedshift.config": 1, "fedshift.registry": 1, "fedshift.losses": 1,
     "fedshift.data": 2, "fedshift.models": 2,
-    "fedshift.tracking": 3,
+    "fedshift.tracking": 3, "fedshift.provenance": 3,
     "fedshift.engine": 4, "fedshift.report": 4,
     "fedshift.methods": 5,
     "fedshift.runner": 6, "fedshift.resources": 6,

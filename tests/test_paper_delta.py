@@ -77,7 +77,9 @@ def test_verdicts_tost_against_scipy():
         m, h, n = pdl.mean_ci(xs)
         lo_p = stats.ttest_1samp(xs, published - margin, alternative="greater").pvalue
         hi_p = stats.ttest_1samp(xs, published + margin, alternative="less").pvalue
-        if lo_p < 0.05 and hi_p < 0.05 and h <= margin:
+        if n < 3:  # one degree of freedom: no verdict whatever the interval (stats.MIN_N)
+            want = f"inconclusive (n = {n} < 3: too few seeds for a verdict)"
+        elif lo_p < 0.05 and hi_p < 0.05 and h <= margin:
             want = "agrees within margin"
         elif m - h - published > margin:
             want = "differs (above)"
@@ -86,8 +88,11 @@ def test_verdicts_tost_against_scipy():
         else:
             want = "inconclusive"
         assert pdl.verdict(m, h, published, n, margin) == want, (xs, published)
-    assert pdl.verdict(50.0, float("nan"), 49.0, 1) == "inconclusive"  # n = 1: no interval, no verdict
-    assert pdl.verdict(50.0, float("nan"), 10.0, 1) == "inconclusive"
+    assert pdl.verdict(50.0, float("nan"), 49.0, 1) == "inconclusive (n = 1: no interval)"
+    assert pdl.verdict(50.0, float("nan"), 10.0, 1) == "inconclusive (n = 1: no interval)"
+    # three seeds that printed the same number: the spread is unmeasured, not zero (issue 39 item 2)
+    assert pdl.verdict(84.0, 0.0, 84.0, 3) == "inconclusive (zero-width interval: every seed gave the same number)"
+    assert pdl.verdict(84.0, 0.0, 40.0, 2).startswith("inconclusive (n = 2 < 3")
     assert pdl.verdict(float("nan"), 1.0, 49.0, 0) == "not run"
 
 

@@ -145,8 +145,10 @@ def test_evaluate_checks_sha256_and_label_range(tiny_data, tmp_path):
     with pytest.raises(ConfigError, match="sha256 differs"):
         runner.evaluate_run(out)
     _rehash(part)  # even with a manifest that agrees, labels 12 of 10 classes are refused
-    with pytest.raises(ConfigError, match=r"labels span \d+\.\.12, outside 0\.\.9"):
+    with pytest.raises(ConfigError, match=r"was trained on partition/rotmnist sha256"):  # issue 38: other data
         runner.evaluate_run(out)
+    with pytest.raises(ConfigError, match=r"labels span \d+\.\.12, outside 0\.\.9"):
+        runner.evaluate_run(out, force=True)
 
 
 @pytest.mark.parametrize("damage, message", [

@@ -48,3 +48,19 @@ def test_make_report_writes_tables_named_tables_and_figures(tmp_path):
     assert "AVG→" in abl.columns and "AVG↩" in abl.columns
     md = (tmp_path / "rep/report.md").read_text()
     assert "± " in md and "### Ablation (inter, top1)" in md
+
+
+def test_a_table_mixing_scoring_protocols_is_marked():
+    """Issue 34 item 6 / issue 35 item 2: a plugin scored under McMahan's protocol beside FedAvg under the
+    FCCL+ authors' (eval_models: local, uniform weighting) is marked in the table, not silently compared."""
+    import pandas as pd
+
+    from fedshift.report.report import mixed_protocols
+
+    df = pd.DataFrame({"method": ["fedavg", "fedavg", "fedavgm", "fedmd"],
+                       "protocol": ["eval_models local, weighting uniform"] * 2
+                       + ["eval_models global, weighting samples", ""]})
+    lines = mixed_protocols(df)
+    assert lines and "fedavg: eval_models local, weighting uniform" in lines[0]
+    assert "fedavgm: eval_models global, weighting samples" in lines[0] and "fedmd" not in lines[0]
+    assert mixed_protocols(df[df["method"] != "fedavgm"]) == []

@@ -147,6 +147,36 @@ def test_nothing_left_to_do(ran):
     assert "up to date" in status.stdout
 
 
+def test_every_run_folder_records_the_current_manifests(ran):
+    """Issue 38: each published run (pretrain and federate) holds its inputs' sha256, equal to the
+    manifests it read, and the code version."""
+    import json
+
+    from fedshift.data.store import sha256_file
+
+    root, _, _ = ran
+    folders = [p.parent for p in (root / "results").glob("*/rotmnist/**/metrics.json")]
+    assert len(folders) == 8
+    for folder in folders:
+        rec = json.loads((folder / "inputs.json").read_text())
+        for name, path in rec["paths"].items():
+            assert rec["inputs"][name] == sha256_file(root / path), (folder, name)
+        assert "partition/rotmnist" in rec["inputs"] and len(rec["code"]["files_sha256"]) == 64
+    fccl = json.loads((root / "results/federate/rotmnist/photo_patches/fccl_plus/homo_lenet/seed0/inputs.json").read_text())
+    assert sorted(fccl["inputs"]) == ["base/0", "base/1", "base/2", "base/3", "partition/rotmnist", "public/photo_patches"]
+    import mlflow  # the MLflow run carries the same code version, and says whether the tree was dirty
+
+    client = mlflow.MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
+    exp = client.get_experiment_by_name("rotmnist")
+    (run,) = [r for r in client.search_runs([exp.experiment_id], max_results=100)
+              if r.data.tags["fedshift.run_key"].endswith("/fccl_plus/homo_lenet/seed0")]
+    code = fccl["code"]
+    assert run.data.tags["code.sha256"] == code["files_sha256"]
+    assert run.data.tags["git.dirty"] == str(code["dirty"]).lower()
+    if code["commit"]:
+        assert run.data.tags["git.commit"] == code["commit"] + ("-dirty" if code["dirty"] else "")
+
+
 def test_html_report_carries_report_md_claims_and_says_what_the_pm_is(ran):
     """`snakemake --report` bundles report.md and the claims as their own items; its captions say the
     ± is a 95% CI (not a standard deviation)."""
@@ -250,3 +280,67 @@ def test_kill9_then_data_change_then_rerun_starts_afresh(ran):
     assert "was trained on other data: partition/rotmnist sha256" in text, text[-3000:]
     assert "resuming" not in text, text[-3000:]
     assert res.returncode == 0, (locked.stdout + locked.stderr)[-2000:] + res.stderr[-3000:]
+
+
+def test_data_seed_run_redraws_each_seeds_partition(ran):
+    """engine.data_seed: run (issue 34 item 3): seeds 0 and 1 train on different private subsets, drawn by
+    the partition_seed rule with the run seed; the runs read them and the report says what its intervals cover."""
+    import hashlib
+    import json
+
+    import numpy as np
+
+    root, _, _ = ran
+    grid = dict(TINY_GRID, engine=dict(TINY_GRID["engine"], rounds=1, data_seed="run"),
+                grid=[{"name": "ds", "scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": ["fedavg"],
+                       "structures": ["homo_lenet"], "seeds": [0, 1]}], report={"name": "ds", "title": "ds"})
+    (root / "ds.yaml").write_text(yaml.safe_dump(grid))
+    run("FEDSHIFT_TRACKING=none snakemake --cores 2 --configfile ds.yaml", root)
+    man = [root / f"build/partitions_seeded/rotmnist/seed{k}/manifest.json" for k in (0, 1)]
+    sha = [hashlib.sha256(m.read_bytes()).hexdigest() for m in man]
+    assert sha[0] != sha[1]
+    assert [json.loads(m.read_text())["params"]["seed"] for m in man] == [0, 1]
+    idx = [np.load(m.parent / "m0/private_index.npy") for m in man]
+    assert not np.array_equal(np.sort(idx[0]), np.sort(idx[1]))  # another private subset, not another order
+    for k in (0, 1):
+        cfg = yaml.safe_load((root / f"results/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed{k}/config.yaml")
+                             .read_text())
+        assert cfg["paths"]["partition"].endswith(f"partitions_seeded/rotmnist/seed{k}")
+    report = (root / "results/ablations/ds/report/report.md").read_text()
+    assert "each seed drew its own private/public/test subsets (`data_seed: run`" in report
+    assert set(pd.read_csv(root / "results/ablations/ds/collect/runs.csv")["data_seed"]) == {"run"}
+    assert "Nothing to be done" in run("snakemake -n --cores 1 --configfile ds.yaml", root).stdout
+
+
+def test_data_rebuilt_under_finished_runs_reruns_them_and_evaluate_refuses(ran, capsys, monkeypatch):
+    """Issue 38 cases 1 and 2 through the real tools: the partition is rebuilt by `dvc repro` and the
+    runs' files are newer than the new manifest (as for a job that finished after the rebuild):
+    Snakemake still reruns them (the data's hash is a rule param), collect leaves them out, and
+    `fedshift evaluate` refuses to score a run on a partition it was not trained on."""
+    import time
+
+    root, _, _ = ran
+    data = yaml.safe_load((root / "params/data.yaml").read_text())
+    data["scenarios"]["rotmnist"]["seed"] = 2
+    (root / "params/data.yaml").write_text(yaml.safe_dump(data))
+    run("dvc repro", root)
+    later = time.time() + 60  # every result newer than the rebuilt data, in the order the rules made them
+    for i, sub in enumerate(("configs", "pretrain", "federate", "collect", "report")):
+        for p in (root / "results" / sub).rglob("*"):
+            os.utime(p, (later + 10 * i, later + 10 * i))
+    dry = run("FEDSHIFT_TRACKING=none snakemake -n --cores 1", root).stdout
+    import re
+
+    assert re.search(r"\bfederate\s+4\n", dry) and re.search(r"\bpretrain\s+4\n", dry), dry[-3000:]
+    assert re.search(r"params have changed since last execution:\s+federate, pretrain", dry), dry[-3000:]
+    run_dir = "results/federate/rotmnist/photo_patches/fedmd/homo_lenet/seed0"
+    from fedshift.cli import main
+
+    monkeypatch.chdir(root)  # the command in-process (a second interpreter costs seconds); paths are the project's
+    assert main(["evaluate", run_dir]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{run_dir} was trained on partition/rotmnist sha256" in err[0] and "--force" in err[0]
+    from fedshift.provenance import stale
+
+    why = stale(root / run_dir, base=root)  # what collect lists when it leaves the run out
+    assert why.startswith(f"{root / run_dir}: input partition/rotmnist (build/partitions/rotmnist/manifest.json)"), why

@@ -23,19 +23,18 @@ Installed with ``pip install -e examples/fedprox_adaptive``; the entry point in
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Literal, Mapping, Sequence, Tuple
+from typing import Any, Dict, Mapping, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fedshift.methods.base import ServerParams
 from fedshift.methods.fedavg import FedAvg
 
 
 @dataclass(frozen=True)
-class FedProxAdaptiveParams:
-    init: Literal["scratch", "base"] = "scratch"  # start from random weights (or the BASE checkpoints)
-    weighting: Literal["samples", "uniform"] = "samples"  # FedAvg's average: weight by private samples
+class FedProxAdaptiveParams(ServerParams):  # init, weighting, eval_models: as every FedAvg-family method
     mu: float = 1.0  # mu of round 1 (Appendix C.3.3: 1 on non-IID data, 0 on IID)
     step: float = 0.1  # how much mu moves per adjustment (Appendix C.3.3)
     patience: int = 5  # consecutive loss decreases before mu is lowered

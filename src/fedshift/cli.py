@@ -102,7 +102,7 @@ def _stage_name(args, arg: str) -> str:
             raise ConfigError(f"--dvc-stage: DVC_STAGE={stage!r} is not a foreach stage (<stage>@<name>); "
                               f"run it through `dvc repro` or name the {arg} instead")
         name = stage.split("@", 1)[1]
-    if not name or not _SAFE_NAME.match(name):
+    if not name or not _SAFE_NAME.fullmatch(name):
         raise ConfigError(f"params/data.yaml: {arg} name {name!r} is not a plain name "
                           "(letters, digits, '_', '.', '-'; starting with a letter or digit)")
     setattr(args, arg, name)
@@ -137,6 +137,8 @@ def cmd_partition(args) -> None:
 
     params = _data_params(args.params)
     overrides = (params.get("scenarios") or {}).get(args.scenario)
+    if args.seed is not None:  # engine.data_seed: run: the run seed redraws the partition
+        overrides = {**(overrides or {}), "seed": build.seed_override(args.scenario, args.seed)}
     dirs = {d: Path(args.datasets) / d for d in DATASETS.names()}
     build.partition(args.scenario, dirs, Path(args.out or f"build/partitions/{args.scenario}"), overrides)
 
@@ -183,21 +185,30 @@ def _job(kind: str, args) -> None:
     previous = {s: signal.signal(s, interrupted) for s in (signal.SIGTERM, signal.SIGINT)}
     if getattr(args, "die_with_parent", False):
         _die_with_parent()
+    from .provenance import run_lock
+
     try:
-        _run_job(kind, args)
+        with run_lock(Path(args.out)):  # one job per run folder: a second one names the PID (issue 38)
+            _run_job(kind, args)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)
 
 
 def _run_job(kind: str, args) -> None:
-    import yaml
-
     from . import runner
     from .engine import checkpoint
-    cfg = yaml.safe_load(Path(args.config).read_text())
+    from .config import safe_load_yaml
+
+    cfg = safe_load_yaml(Path(args.config).read_text(), str(args.config))  # aliases bounded (issue 38)
     apply_thread_allocation(cfg, kind, getattr(args, "threads", None))
     fn = runner.run_pretrain if kind == "pretrain" else runner.run_federate
+    allow = bool(getattr(args, "resume_across_code_change", False)
+                 or os.environ.get("FEDSHIFT_RESUME_ACROSS_CODE_CHANGE", "") not in ("", "0"))
+    if allow:
+        import functools
+
+        fn = functools.partial(fn, allow_code_change=True)
     if args.no_tracking or os.environ.get("FEDSHIFT_TRACKING", "mlflow") == "none":
         fn(cfg, Path(args.out))
         return
@@ -246,9 +257,9 @@ def cmd_collect(args) -> None:
 def cmd_report(args) -> None:
     from .report.report import make_report
 
-    import yaml
+    from .config import safe_load_yaml
 
-    report_cfg = yaml.safe_load(Path(args.config).read_text()) if args.config else {}
+    report_cfg = safe_load_yaml(Path(args.config).read_text(), str(args.config)) if args.config else {}
     make_report(Path(args.runs_csv), Path(args.out), report_cfg or {}, tracking=not args.no_tracking)
 
 
@@ -293,10 +304,11 @@ def cmd_relocate_store(args) -> None:
 def cmd_evaluate(args) -> None:
     from .runner import evaluate_run
 
-    summary = evaluate_run(Path(args.run_dir), device=args.device, bf16=args.bf16)
-    import yaml
+    summary = evaluate_run(Path(args.run_dir), device=args.device, bf16=args.bf16, force=args.force)
+    from .config import safe_load_yaml
 
-    rounds = ((yaml.safe_load((Path(args.run_dir) / "config.yaml").read_text()) or {}).get("engine") or {}).get("rounds")
+    cfg_path = Path(args.run_dir) / "config.yaml"
+    rounds = ((safe_load_yaml(cfg_path.read_text(), str(cfg_path)) or {}).get("engine") or {}).get("rounds")
     print(f"# {args.run_dir}: the published models.pt = the final models after round {rounds} "
           "(not the best round); re-scored on every domain's test set")
     for key in sorted(summary):
@@ -332,6 +344,9 @@ def main(argv: List[str] | None = None) -> int:
         p.add_argument("--params", type=Path, default=Path("params/data.yaml"))
         p.add_argument("--out", default=None)
         p.add_argument("--datasets", default="build/datasets", help="folder of fetched datasets")
+        if name == "partition":
+            p.add_argument("--seed", type=int, default=None,
+                           help="draw with this seed instead of params/data.yaml's (engine.data_seed: run)")
         p.add_argument("--data-dir", default="data", help="manually supplied archives (data.dvc)")
         p.add_argument("--cache-dir", default="build/downloads", help="downloaded archives")
         p.set_defaults(fn=fn)
@@ -345,6 +360,9 @@ def main(argv: List[str] | None = None) -> int:
                        help="stop (keeping the checkpoint) when the parent process dies (the Snakemake rules)")
         p.add_argument("--threads", type=int, default=None,
                        help="torch threads when the config sets none (the rules pass their allocation)")
+        p.add_argument("--resume-across-code-change", action="store_true",
+                       help="resume a checkpoint written by other fedshift code (else refused; also "
+                            "FEDSHIFT_RESUME_ACROSS_CODE_CHANGE=1, e.g. under Snakemake)")
         p.set_defaults(fn=fn)
 
     p = sub.add_parser("collect", help="gather run folders into one tidy CSV")
@@ -366,6 +384,8 @@ def main(argv: List[str] | None = None) -> int:
     p.add_argument("--device", default="cpu")
     p.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                    help="evaluate under bf16 autocast (--bf16) or in float32 (--no-bf16); default: as the run")
+    p.add_argument("--force", action="store_true",
+                   help="score a run whose recorded partition differs from the current one (both hashes printed)")
     p.set_defaults(fn=cmd_evaluate)
 
     p = sub.add_parser("validate", help="check the experiment grid and configs")

@@ -145,3 +145,45 @@ def flatten(d: Mapping[str, Any], prefix: str = "", sep: str = ".") -> Dict[str,
         else:
             out[key] = v
     return out
+
+
+# ------------------------------------------------------------------------- YAML with bounded aliases
+YAML_MIN_NODES = 100_000  # expanded values any file may hold; past it, at most 10x its distinct values
+
+
+def safe_load_yaml(text: str, where: str) -> Any:
+    """``yaml.safe_load`` whose aliases may not expand the document past ``max(YAML_MIN_NODES,
+    10 x its distinct values)`` values (issue 38: a 580-byte alias bomb passed ``validate`` and
+    exhausted memory when the values were walked). Anchors and aliases used as shorthand (the
+    grids' shared ``methods`` lists) stay well under it. Raises :class:`ConfigError` naming
+    ``where``; YAML syntax errors propagate as ``yaml.YAMLError`` (callers name line and column)."""
+    import yaml
+
+    loader = yaml.SafeLoader(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        memo: Dict[int, int] = {}
+
+        def size(n, active=()) -> int:
+            if id(n) in memo:
+                return memo[id(n)]
+            if id(n) in active:
+                raise ConfigError(f"{where}: a YAML alias refers to itself (recursive anchor); write the values out")
+            total = 1
+            if isinstance(n, yaml.SequenceNode):
+                total += sum(size(c, active + (id(n),)) for c in n.value)
+            elif isinstance(n, yaml.MappingNode):
+                total += sum(size(k, active + (id(n),)) + size(v, active + (id(n),)) for k, v in n.value)
+            memo[id(n)] = total = min(total, 1 << 62)
+            return total
+
+        expanded = size(node)
+        limit = max(YAML_MIN_NODES, 10 * len(memo))
+        if expanded > limit:
+            raise ConfigError(f"{where}: YAML aliases expand {len(memo):,} values into {expanded:,}, more than "
+                              f"{limit:,} (an alias bomb?); write the values out or nest fewer aliases")
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()

@@ -17,13 +17,14 @@ from __future__ import annotations
 import itertools
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
-from .config import resolve, to_dict
+from .config import resolve, safe_load_yaml, to_dict
 from .errors import ConfigError
 
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "experiments.schema.yaml"
@@ -35,9 +36,12 @@ NAME = re.compile(r"^[a-z][a-z0-9_-]*$")  # names that become path parts, wildca
 def check_name(name: Any, where: str) -> None:
     """A variant, grid or report name must be a plain lowercase identifier (it becomes a folder name
     and a word in shell commands: ``../x`` would write outside the results tree)."""
-    if not isinstance(name, str) or not NAME.match(name):
+    if not isinstance(name, str) or not NAME.fullmatch(name):  # `$` also matches before a final newline
         raise ConfigError(f"{where}: invalid name {name!r}; use a plain lowercase identifier "
                           "(lowercase letters, digits, '_' or '-', starting with a letter)")
+
+
+SEEDED_PARTITIONS = "partitions_seeded"  # build/<this>/<scenario>/seed<k>: engine.data_seed: run (not DVC's)
 
 
 def deep_merge(base: Mapping, over: Mapping) -> dict:
@@ -52,6 +56,32 @@ def deep_merge(base: Mapping, over: Mapping) -> dict:
         else:
             out[k] = v
     return out
+
+
+def user_methods_win(merged: Mapping, own: Mapping) -> Tuple[dict, List[str]]:
+    """A grid file's own ``methods:`` block outranks the base file's ``scenario_overrides`` (issue 34 item 6).
+
+    The merge order inside one file is methods < scenario_overrides < variant, so ``params/experiments.yaml``'s
+    ``scenario_overrides.rotmnist.methods.fedavg: {eval_models: local}`` silently beat a user grid's
+    ``methods: {fedavg: {eval_models: global}}``. Every key the user's files set under ``methods.<m>`` is
+    removed from the scenario overrides they do not set themselves; returns the config and one note per
+    replaced key (printed by the workflow and by ``fedshift validate``)."""
+    out = deep_merge({}, merged)
+    own_methods = own.get("methods") or {}
+    own_so = own.get("scenario_overrides") or {}
+    notes = []
+    for scen, so in (out.get("scenario_overrides") or {}).items():
+        for m, keys in ((so or {}).get("methods") or {}).items():
+            mine = own_methods.get(m) or {}
+            theirs = ((own_so.get(scen) or {}).get("methods") or {}).get(m) or {}
+            for k in [k for k in (keys or {}) if k in mine and k not in theirs]:
+                if mine[k] == keys[k]:  # the same value: nothing to say
+                    keys.pop(k)
+                    continue
+                notes.append(f"methods.{m}.{k}: {mine[k]!r} (this grid) replaces the base file's "
+                             f"scenario_overrides.{scen}.methods.{m}.{k}: {keys[k]!r}")
+                keys.pop(k)
+    return out, notes
 
 
 def snakemake_config(configfile, workflow_config: Path = WORKFLOW_CONFIG, replace: bool = False) -> dict:
@@ -69,7 +99,9 @@ def snakemake_config(configfile, workflow_config: Path = WORKFLOW_CONFIG, replac
     same = len(files) == 1 and files[0].resolve() == Path(workflow_config).resolve()
     if replace or same or not Path(workflow_config).exists():
         return own
-    merged = deep_merge(load_yaml(workflow_config), own)
+    merged, notes = user_methods_win(deep_merge(load_yaml(workflow_config), own), own)
+    for note in notes:
+        print(f"fedshift: note: {note}", file=sys.stderr)
     merged["report"] = deep_merge({}, own.get("report") or {})  # a user grid reports only what it names
     return merged
 
@@ -110,7 +142,7 @@ def load_yaml(path: Path) -> dict:
     if not path.exists():
         raise ConfigError(f"missing config file {path}")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = safe_load_yaml(path.read_text(), str(path))  # aliases bounded (issue 38)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)  # file:line:column
@@ -174,6 +206,7 @@ class Plan:
     federate: Dict[FederateJob, dict] = field(default_factory=dict)  # job -> resolved config
     pretrain: Dict[PretrainJob, dict] = field(default_factory=dict)
     report: dict = field(default_factory=dict)
+    partitions: Dict[Tuple[str, int], str] = field(default_factory=dict)  # (scenario, seed) -> folder it reads
 
     def needed_pretrain(self) -> Dict[PretrainJob, dict]:
         """The pretrain jobs the workflow runs: every participant x architecture of the grid's
@@ -344,6 +377,20 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                         check_cuda(dev)
                     except ValueError as exc:
                         raise ConfigError(f"{what}.{exc}") from None
+            # engine.data_seed: run redraws the partition with the run seed (a Snakemake rule builds it from the
+            # datasets `dvc repro` fetched); fixed reads the one `dvc repro` built. One scenario and seed read one
+            # partition: the pretrain runs (BASE) are shared by every method of the grid.
+            part_dir = f"{build}/partitions/{s}"
+            if eng.data_seed == "run":
+                from .data.build import seed_override
+
+                seed_override(s, seed)  # a scenario without a seed parameter: one line, here
+                part_dir = f"{build}/{SEEDED_PARTITIONS}/{s}/seed{seed}"
+            other = plan.partitions.setdefault((s, seed), part_dir)
+            if other != part_dir:
+                raise ConfigError(f"engine ({m} on {s}).data_seed: {eng.data_seed!r} makes seed {seed} read {part_dir}, "
+                                  f"but another method of the grid reads {other}: set data_seed once for the scenario "
+                                  "(engine: or scenario_overrides.<scenario>.engine:), not per method or variant")
             pretrained = None
             # Pretrain runs serve the BASE checkpoints of methods that start from or distil them,
             # and the report's base_pretrain row beside the grid's `base` row: grids with neither
@@ -355,7 +402,7 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                     plan.pretrain[pj] = {
                         "kind": "pretrain", "run_name": f"pretrain/{pj.path}", "scenario": s, "participant": part,
                         "arch": arch, "seed": seed, "pretrain": to_dict(pre),
-                        "paths": {"partition": f"{build}/partitions/{s}"}, "wildcards": pj.wildcards,
+                        "paths": {"partition": part_dir}, "wildcards": pj.wildcards,
                     }
             if cls.needs_base(mparams):
                 if eng.norm != pre.norm:
@@ -368,7 +415,7 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                 "method": m, "base_method": base_method, "structure": st, "seed": seed,
                 "participants": participants, "archs": list(archs),
                 "method_params": to_dict(mparams), "engine": to_dict(eng),
-                "paths": {"partition": f"{build}/partitions/{s}",
+                "paths": {"partition": part_dir,
                           "public": f"{build}/public/{pub}" if pub != "none" and uses_public else None,
                           "pretrained": pretrained},
                 "wildcards": job.wildcards,

@@ -38,6 +38,7 @@ import torch
 
 from .data import store
 from .data.loading import load_federated
+from . import provenance
 from .engine import checkpoint, fused, h2l_metrics
 from .engine.config import EngineConfig, PretrainConfig, check_cuda, malloc_keep_mb
 from .engine.cpu import check_bf16, set_trim, tune_allocator
@@ -98,10 +99,34 @@ def build_models(archs: List[str], num_classes: int, in_channels: int, norm: str
 def load_checkpoint(model: torch.nn.Module, path: Path, arch: str) -> None:
     if not Path(path).exists():
         raise ConfigError(f"missing BASE checkpoint {path}: run the pretrain rule first (snakemake)")
-    ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    ckpt = read_torch(path, "rerun the pretrain job that wrote it", keys=("arch", "state_dict"))
     if ckpt.get("arch") != arch:
         raise ConfigError(f"{path} holds a {ckpt.get('arch')!r} model, the structure assigns {arch!r}")
     model.load_state_dict(ckpt["state_dict"])
+
+
+def read_torch(path: Path, fix: str, keys=()) -> Dict[str, Any]:
+    """``torch.load(weights_only=True)`` of a published file (BASE ``model.pt``, ``models.pt``); a
+    damaged file or a missing key is one line naming the file, the key and ``fix`` (issue 38)."""
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # truncated zip (PytorchStreamReader), pickle errors, not a torch file
+        first = (str(exc).strip().splitlines() or [""])[0][:160]
+        raise ConfigError(f"{path} is damaged, torch cannot read it ({type(exc).__name__}: {first}); {fix}") from None
+    if not isinstance(obj, dict):
+        raise ConfigError(f"{path} holds a {type(obj).__name__}, expected a dict; {fix}")
+    for key in keys:
+        if key not in obj:
+            raise ConfigError(f"{path} lacks the key {key!r} (has {sorted(obj)}); {fix}")
+    return obj
+
+
+def check_finite_state(state: Dict[str, torch.Tensor], where: str, fix: str) -> None:
+    """Every floating tensor of a state dict is finite; else one line naming ``where`` and the tensor."""
+    for key, t in state.items():
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            bad = int((~torch.isfinite(t)).sum())
+            raise RunError(f"{where}: tensor {key!r} holds {bad} non-finite value(s) (NaN/inf); {fix}")
 
 
 def check_writable(out_dir: Path, reserve: int = 1 << 20) -> None:
@@ -209,10 +234,23 @@ class _Progress:
               file=sys.stderr, flush=True)
 
 
-def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, Any]:
+RERUN = "the job (`snakemake` reruns it; run `dvc repro` first if the data is not up to date)"
+
+
+def _manifest_paths(manifests: Dict[str, str], cfg: Dict[str, Any], public_dir: Optional[Path]) -> Dict[str, Path]:
+    """Where each of ``FederatedData.manifests`` was read (``partition/<name>``, ``public/<name>``)."""
+    out = {}
+    for name in manifests:
+        folder = Path(cfg["paths"]["partition"]) if name.startswith("partition/") else public_dir
+        out[name] = Path(folder) / store.MANIFEST
+    return out
+
+
+def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None, allow_code_change: bool = False) -> Dict[str, Any]:
     """Run a federated job described by a resolved config (see ``fedshift.experiments``).
 
-    Resumes from ``<out_dir>.partial/checkpoint.pt`` when it belongs to the same config.
+    Resumes from ``<out_dir>.partial/checkpoint.pt`` when it belongs to the same config, inputs and
+    code (``allow_code_change``: resume a checkpoint written by other fedshift code).
     """
     tracker = tracker or NullTracker()
     out_dir = Path(out_dir)
@@ -239,7 +277,7 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
         base_models = build_models(archs, data.num_classes, data.image_shape[0], eng.norm, seed)
         for m, a, ck in zip(base_models, archs, cfg["paths"]["pretrained"]):
             load_checkpoint(m, Path(ck), a)
-        if getattr(method.p, "init", "scratch") == "base":
+        if method.init_from == "base":
             for m, b in zip(models, base_models):
                 m.load_state_dict(b.state_dict())
     fed = Federation(data, models, archs, eng, seed, device)
@@ -251,9 +289,13 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     cfg_hash = checkpoint.config_hash(cfg)
     partial = checkpoint.partial_dir(out_dir)
     checkpoint.write_job_info(partial, cfg_hash, getattr(tracker, "run_id", None))
-    inputs = checkpoint.input_hashes(data.manifests, {f"base/{i}": Path(ck) for i, ck in
-                                                      enumerate(cfg["paths"].get("pretrained") or [])})
-    ckpt = checkpoint.load(partial, cfg_hash, inputs) if eng.checkpoint_every else None
+    base_files = {f"base/{i}": Path(ck) for i, ck in enumerate(cfg["paths"].get("pretrained") or [])}
+    inputs = checkpoint.input_hashes(data.manifests, base_files)
+    record = provenance.record(inputs, {**_manifest_paths(data.manifests, cfg, public_dir), **base_files}, cfg_hash)
+    tracker.set_tags(provenance.tags(record["code"]))  # also on a resume: the code that runs now
+    ckpt = (checkpoint.load(partial, cfg_hash, inputs, code=record["code"], allow_code_change=allow_code_change,
+                            last_round=eng.rounds) if eng.checkpoint_every else None)
+    weights_only_checked = False  # a plugin's state_dict() is checked loadable at the first checkpoint
     prog = _Progress(cfg["run_name"], eng.rounds, device_note(eng.device, device))
     all_rows: List[dict] = []
     history: List[Dict[str, float]] = []
@@ -292,6 +334,7 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
             evaluate(0)
         all_rows.extend(global_eval(0, tracker))
     last_checkpoint = time.time()  # engine.checkpoint_min_s counts from the start (or resume) of the job
+    checkpoints_ok = True
     for r in range(start, eng.rounds + 1):
         fed.round = r
         t = time.time()
@@ -312,11 +355,22 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
         if g_rows and not eng.participant_eval:
             prog(r, f"global top1 {g_rows[0]['top1']:.3f}")
         if (eng.checkpoint_every and r % eng.checkpoint_every == 0 and r < eng.rounds
-                and time.time() - last_checkpoint >= eng.checkpoint_min_s):
+                and time.time() - last_checkpoint >= eng.checkpoint_min_s and checkpoints_ok):
             t = time.time()
+            state = checkpoint.federation_state(fed, method)
+            if not weights_only_checked:
+                weights_only_checked = True
+                bad = checkpoint.weights_only_problem(state["method"])
+                if bad:  # saving would work; no resume could ever load it (issue 38)
+                    checkpoints_ok = False
+                    log.warning("method %r (%s): state_dict() key %r cannot be loaded with "
+                                "torch.load(weights_only=True) (%s); this run goes on without checkpoints "
+                                "(no resume): keep only tensors, numbers, strings and containers there",
+                                cfg["method"], cfg["base_method"], bad[0], bad[1])
+                    continue
             size = checkpoint.save(partial, {
                 "config_hash": cfg_hash, "inputs": inputs, "round": r, "run_id": getattr(tracker, "run_id", None),
-                **checkpoint.federation_state(fed, method),
+                "code": record["code"], **state,
                 "rows": all_rows, "history": history, "eval_rounds": eval_rounds, "timings": timings,
                 "global_curve": [list(c) for c in global_eval.curve],
                 "resumed": resumed})
@@ -339,20 +393,21 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
               "for a non-finite loss (engine.on_nonfinite: skip_batch)", flush=True)
     if eng.select == "best_val":  # FedH2L § IV-A model selection
         metrics["headline"], metrics["selected_rounds"] = h2l_metrics.best_val_headline(history, eval_rounds)
-    metrics.update(getattr(method, "run_summary", lambda fed: {})(fed))  # e.g. FedH2L's communication bytes
+    metrics.update(method.run_summary(fed))  # e.g. FedH2L's communication bytes
     states: Dict[int, Dict[str, torch.Tensor]] = {}  # a model shared by clients (server_model) is stored once
     for c in fed.clients:
         if id(c.model) not in states:
             states[id(c.model)] = checkpoint.module_state(c.model)
     models_pt = {"participants": {c.name: {"arch": c.arch, "state_dict": states[id(c.model)]} for c in fed.clients},
                  "scenario": cfg["scenario"], "run": cfg["run_name"]}
-    _write_outputs(out_dir, cfg, metrics, all_rows, tracker, extra=getattr(method, "artifacts", None),
-                   models=models_pt)
+    provenance.recheck(record, cfg["run_name"], RERUN)  # data rebuilt during the run: publish nothing
+    _write_outputs(out_dir, cfg, metrics, all_rows, tracker, extra=method.artifacts,
+                   models=models_pt, inputs=record)
     checkpoint.clear(partial)
     return metrics
 
 
-def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, Any]:
+def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None, allow_code_change: bool = False) -> Dict[str, Any]:
     """Train one participant's model on its private data alone (SOLO/BASE) and save it.
 
     The model is initialised exactly as a federated run with the same seed initialises
@@ -389,7 +444,10 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
     partial = checkpoint.partial_dir(out_dir)
     checkpoint.write_job_info(partial, cfg_hash, getattr(tracker, "run_id", None))
     inputs = checkpoint.input_hashes(data.manifests)
-    ckpt = checkpoint.load(partial, cfg_hash, inputs) if pc.checkpoint_every else None
+    record = provenance.record(inputs, _manifest_paths(data.manifests, cfg, None), cfg_hash)
+    tracker.set_tags(provenance.tags(record["code"]))
+    ckpt = (checkpoint.load(partial, cfg_hash, inputs, code=record["code"], allow_code_change=allow_code_change,
+                            last_round=pc.epochs) if pc.checkpoint_every else None)
     prog = _Progress(cfg["run_name"], pc.epochs, device_note(pc.device, device))
     rows, history = [], []
     timings = {"checkpoint_s": 0.0, "verify_s": verify_s}
@@ -417,7 +475,7 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
             t = time.time()
             timings["checkpoint_bytes"] = checkpoint.save(partial, {
                 "config_hash": cfg_hash, "inputs": inputs, "round": ep, "run_id": getattr(tracker, "run_id", None),
-                "models": [checkpoint.module_state(model)], "optimizer": checkpoint.to_cpu(opt.state_dict()),
+                "code": record["code"], "models": [checkpoint.module_state(model)], "optimizer": checkpoint.to_cpu(opt.state_dict()),
                 "rng": {"federation": fed.rng_state(), "global": _torch_rng()},
                 "rows": rows, "history": history})
             timings["checkpoint_s"] += time.time() - t
@@ -425,16 +483,18 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None) -> Dict[str, 
                "timings": timings}
     ckpt = {"arch": cfg["arch"], "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
             "participant": client.name, "scenario": cfg["scenario"], "seed": seed}
-    _write_outputs(out_dir, cfg, metrics, rows, tracker, checkpoint=ckpt)
+    provenance.recheck(record, cfg["run_name"], RERUN)
+    _write_outputs(out_dir, cfg, metrics, rows, tracker, checkpoint=ckpt, inputs=record)
     checkpoint.clear(partial)
     return metrics
 
 
-def _write_outputs(out_dir: Path, cfg, metrics, rows, tracker, checkpoint=None, extra=None, models=None) -> None:
+def _write_outputs(out_dir: Path, cfg, metrics, rows, tracker, checkpoint=None, extra=None, models=None,
+                   inputs=None) -> None:
     """Publish the job's folder atomically; a full disk / file-size limit is one line (RunError)."""
     out_dir = Path(out_dir)
     try:
-        _publish(out_dir, cfg, metrics, rows, tracker, checkpoint, extra, models)
+        _publish(out_dir, cfg, metrics, rows, tracker, checkpoint, extra, models, inputs)
     except (OSError, RuntimeError) as exc:  # full disk / ulimit -f; atomic_dir removed its temporary folder
         if isinstance(exc, RunError):
             raise
@@ -442,11 +502,13 @@ def _write_outputs(out_dir: Path, cfg, metrics, rows, tracker, checkpoint=None, 
                                   store.tensor_bytes([checkpoint, models]) + (1 << 20), exc) from None
 
 
-def _publish(out_dir: Path, cfg, metrics, rows, tracker, checkpoint, extra, models) -> None:
+def _publish(out_dir: Path, cfg, metrics, rows, tracker, checkpoint, extra, models, inputs=None) -> None:
     import yaml
 
     with store.atomic_dir(out_dir) as tmp:
         (tmp / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+        if inputs is not None:  # what the run was made from (fedshift.provenance)
+            (tmp / provenance.INPUTS).write_text(json.dumps(inputs, indent=2, sort_keys=True) + "\n")
         write_rounds_csv(tmp / "rounds.csv", rows)
         if checkpoint is not None:
             torch.save(checkpoint, tmp / "model.pt")
@@ -455,26 +517,32 @@ def _publish(out_dir: Path, cfg, metrics, rows, tracker, checkpoint, extra, mode
         if extra:
             extra(tmp)
         (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
-        for name in ("config.yaml", "metrics.json", "rounds.csv"):
+        for name in ("config.yaml", "metrics.json", "rounds.csv") + ((provenance.INPUTS,) if inputs else ()):
             tracker.log_artifact(tmp / name)
         for p in sorted(tmp.glob("*.png")) + sorted(tmp.glob("*.npz")) + sorted(tmp.glob("models.pt")):
             tracker.log_artifact(p)
 
 
-def evaluate_run(run_dir: Path, device: str = "cpu", bf16: Optional[bool] = None) -> Dict[str, float]:
+def evaluate_run(run_dir: Path, device: str = "cpu", bf16: Optional[bool] = None, force: bool = False) -> Dict[str, float]:
     """Re-score a federated run from its published ``models.pt`` (no training): the summary of
     every participant on every domain's test set (the last row block of ``rounds.csv``).
     ``bf16`` overrides the run's ``engine.bf16`` (bf16 autocast of the evaluation), to measure
-    what it changes on the same weights."""
-    import yaml
+    what it changes on the same weights.
 
+    A run whose recorded data (``inputs.json``, :mod:`fedshift.provenance`) differs from the
+    current partition is refused: its test sets may hold the run's training images. ``force``
+    scores it anyway, printing both hashes. Non-finite weights are refused."""
     run_dir = Path(run_dir)
     path = run_dir / "models.pt"
     if not (run_dir / "config.yaml").exists() or not path.exists():
         raise ConfigError(f"{run_dir} holds no config.yaml + models.pt; give a finished federated run folder "
                           "(results/federate/<scenario>/<public>/<method>/<structure>/seed<n>)")
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
-    saved = torch.load(path, map_location="cpu", weights_only=True)["participants"]
+    from .config import safe_load_yaml
+
+    cfg = safe_load_yaml((run_dir / "config.yaml").read_text(), str(run_dir / "config.yaml"))
+    _check_evaluated_data(run_dir, cfg, force)
+    fix = f"rerun the job that published {run_dir}"
+    saved = read_torch(path, fix, keys=("participants",))["participants"]
     eng = EngineConfig(**{**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg["engine"].items()},
                           "device": device, **({} if bf16 is None else {"bf16": bool(bf16)})})
     dev = _setup_torch(device, eng.threads)
@@ -482,6 +550,11 @@ def evaluate_run(run_dir: Path, device: str = "cpu", bf16: Optional[bool] = None
     verify_inputs([Path(cfg["paths"]["partition"])])  # a test set changed in place must not be scored
     data = load_federated(Path(cfg["paths"]["partition"]), None, dev, cfg.get("participants"))
     check_labels(data)
+    for name in data.names:
+        if not isinstance(saved.get(name), dict) or "arch" not in saved[name] or "state_dict" not in saved[name]:
+            raise ConfigError(f"{path}: key 'participants.{name}' (with 'arch' and 'state_dict') is missing; {fix}")
+        check_finite_state(saved[name]["state_dict"], f"{path} participant {name!r}",
+                           "the run diverged or the file is damaged: its scores would be chance; " + fix)
     archs = [saved[name]["arch"] for name in data.names]
     models = build_models(archs, data.num_classes, data.image_shape[0], eng.norm, int(cfg["seed"]))
     for m, name in zip(models, data.names):
@@ -491,3 +564,26 @@ def evaluate_run(run_dir: Path, device: str = "cpu", bf16: Optional[bool] = None
     summ = summarise(rows)
     summ.update(h2l_metrics.extra_evaluation(fed, rows)[1])  # WDP/CDP/ACC, as every evaluation of the run
     return summ
+
+
+def _check_evaluated_data(run_dir: Path, cfg: Dict[str, Any], force: bool) -> None:
+    """The partition ``evaluate`` scores on is the one the run trained on (issue 38, case 2)."""
+    rec = provenance.read(run_dir)
+    part = Path(cfg["paths"]["partition"]) / store.MANIFEST
+    now = store.sha256_file(part) if part.exists() else "missing"
+    if rec is None:
+        msg = (f"{run_dir} records no input hashes ({provenance.INPUTS}: published before fedshift recorded them), "
+               f"so its partition cannot be told from the current {part} (sha256 {now[:12]})")
+        if not force:
+            raise ConfigError(f"{msg}; rerun the job, or pass --force to score it anyway")
+        print(f"fedshift: warning: {msg}; scoring anyway (--force)", file=sys.stderr, flush=True)
+        return
+    old = {k: v for k, v in rec["inputs"].items() if k.startswith("partition/")}
+    for name, digest in old.items():
+        if digest != now:
+            msg = (f"{run_dir} was trained on {name} sha256 {str(digest)[:12]}, {part} now has sha256 {now[:12]}")
+            if not force:
+                raise ConfigError(f"{msg}: the current test sets may hold that run's training images; rerun the "
+                                  "job (snakemake reruns it), or pass --force to score it anyway")
+            print(f"fedshift: warning: {msg}; scoring on the current partition anyway (--force)",
+                  file=sys.stderr, flush=True)

@@ -33,8 +33,27 @@ if _USER_FILES:
         raise WorkflowError(f"fedshift: error: {exc}") from None
 
     GRID["report"] = {}
+    _OWN = {}
     for _doc in _USER_DOCS:
         GRID["report"] = deep_merge(GRID["report"], _doc.get("report") or {})
+        _OWN = deep_merge(_OWN, _doc)
+    # the grid's own methods: block outranks the base file's scenario_overrides (said, one line per key)
+    from fedshift.experiments import user_methods_win
+
+    _report = GRID.pop("report")
+    GRID, _notes = user_methods_win(GRID, _OWN)
+    GRID["report"] = _report
+    for _note in _notes:
+        print(f"fedshift: note: {_note}", file=sys.stderr)
+# fedshift's reader bounds what YAML aliases expand to (an alias bomb would exhaust memory in the
+# schema check below; issue 38): every grid file passes it first.
+from fedshift.experiments import load_yaml as _load_yaml
+
+for _f in ["params/experiments.yaml"] + list(workflow.overwrite_configfiles or []):
+    try:
+        _load_yaml(_f) if os.path.exists(_f) else None
+    except ConfigError as exc:
+        raise WorkflowError(f"fedshift: error: {exc}") from None
 validate(GRID, schema="../schemas/experiments.schema.yaml")
 try:
     PLAN = load_experiments(GRID, DATA_PARAMS)
@@ -59,6 +78,7 @@ PUBLIC_USED = sorted({c["public"] for c in PLAN.federate.values() if c["paths"][
 # Cheap bookkeeping rules run where Snakemake runs, not as cluster jobs.
 localrules:
     dvc_repro,
+    partition_seed,
     collect,
     report,
 
@@ -81,13 +101,29 @@ def federate_inputs(wc):
     cfg = PLAN.federate_config(federate_key(wc))
     inputs = {
         "config": f"results/configs/federate/{federate_key(wc)}.yaml",
-        "partition": f"build/partitions/{wc.scenario}/manifest.json",
+        # build/partitions/<scenario> (dvc repro), or its redraw with the run seed (engine.data_seed: run)
+        "partition": f"{cfg['paths']['partition']}/manifest.json",
     }
     if cfg["paths"]["public"]:
         inputs["public"] = f"{cfg['paths']['public']}/manifest.json"
     for i, ckpt in enumerate(cfg["paths"]["pretrained"] or []):
         inputs[f"pretrained_{i}"] = ckpt
     return inputs
+
+
+def federate_data(wc):
+    """The content of the data folders the job reads (a `params:` entry: Snakemake's params trigger
+    reruns the job when its data was rebuilt, even while it ran; fedshift.provenance, issue 38)."""
+    from fedshift.provenance import data_fingerprint
+
+    cfg = PLAN.federate_config(federate_key(wc))
+    return data_fingerprint([cfg["paths"]["partition"]] + ([cfg["paths"]["public"]] if cfg["paths"]["public"] else []))
+
+
+def pretrain_data(wc):
+    from fedshift.provenance import data_fingerprint
+
+    return data_fingerprint([pretrain_cfg(wc)["paths"]["partition"]])
 
 
 FEDERATE_METRICS = [f"results/federate/{j.path}/metrics.json" for j in PLAN.federate]
@@ -195,6 +231,13 @@ def pretrain_cfg(wc):
     from fedshift.experiments import PretrainJob
 
     return PLAN.pretrain[PretrainJob(wc.scenario, wc.participant, wc.arch, int(wc.seed))]
+
+
+def pretrain_inputs(wc):
+    return {
+        "config": f"results/configs/pretrain/{wc.scenario}/{wc.participant}/{wc.arch}/seed{wc.seed}.yaml",
+        "partition": f"{pretrain_cfg(wc)['paths']['partition']}/manifest.json",
+    }
 
 
 def pretrain_threads(wc):

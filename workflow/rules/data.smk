@@ -28,3 +28,22 @@ rule dvc_repro:
             [ -e "$f" ] || {{ echo "fedshift: error: dvc repro did not build $f: add its scenario/public set to {params.data} (dvc builds from params/data.yaml)" | tee -a {log} >&2; exit 1; }}
         done
         """
+
+
+# engine.data_seed: run: the partition redrawn with the run seed, from the datasets `dvc repro` fetched
+# (its own partition is the input only to order the two: the redraw reads build/datasets/). Not a DVC
+# stage: which seeds a grid needs is the grid's business; the manifest records the seed and every sha256.
+rule partition_seed:
+    input:
+        "build/partitions/{scenario}/manifest.json",
+    output:
+        "build/partitions_seeded/{scenario}/seed{seed}/manifest.json",
+    conda:
+        "../envs/fedshift.yaml"
+    params:
+        data=DATA_PARAMS,
+    log:
+        "logs/partition_seed/{scenario}/seed{seed}.log",
+    shell:
+        "fedshift partition {wildcards.scenario} --seed {wildcards.seed} --params {params.data} "
+        "--out $(dirname {output}) > {log} 2>&1"

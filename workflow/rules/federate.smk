@@ -12,6 +12,10 @@ rule federate:
         rounds="results/federate/{scenario}/{public}/{method}/{structure}/seed{seed}/rounds.csv",
         # every participant's final weights: `fedshift evaluate <run folder>` re-scores them
         models="results/federate/{scenario}/{public}/{method}/{structure}/seed{seed}/models.pt",
+    params:
+        # the content of its data (dvc.lock's hash, else the manifest's sha256): a rebuilt partition
+        # reruns the job even when file times say it is newer (data rebuilt while it ran; issue 38)
+        data=federate_data,
     conda:
         "../envs/fedshift.yaml"
     log:

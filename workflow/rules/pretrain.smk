@@ -6,12 +6,15 @@
 
 rule pretrain:
     input:
-        config="results/configs/pretrain/{scenario}/{participant}/{arch}/seed{seed}.yaml",
-        partition="build/partitions/{scenario}/manifest.json",
+        unpack(pretrain_inputs),
     output:
         model="results/pretrain/{scenario}/{participant}/{arch}/seed{seed}/model.pt",
         metrics="results/pretrain/{scenario}/{participant}/{arch}/seed{seed}/metrics.json",
         rounds="results/pretrain/{scenario}/{participant}/{arch}/seed{seed}/rounds.csv",
+    params:
+        # the content of its data (dvc.lock's hash, else the manifest's sha256): a rebuilt partition
+        # reruns the job even when file times say it is newer (data rebuilt while it ran; issue 38)
+        data=pretrain_data,
     conda:
         "../envs/fedshift.yaml"
     log:

@@ -31,7 +31,8 @@ rule collect:
         runs=lambda wc, input: " ".join(os.path.dirname(p) for p in input.runs),
         pretrain=lambda wc, input: " ".join(os.path.dirname(p) for p in input.pretrain),
     shell:
-        "fedshift collect {output} {params.runs} --pretrain {params.pretrain} > {log} 2>&1"
+        # stderr also to the terminal: the runs collect leaves out (inputs changed since; issue 38)
+        "fedshift collect {output} {params.runs} --pretrain {params.pretrain} > {log} 2> >(tee -a {log} >&2)"
 
 
 rule report:

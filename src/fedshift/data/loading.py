@@ -59,7 +59,17 @@ class FederatedData:
 
 def load_federated(partition_dir: Path, public_dir: Optional[Path] = None, device: str | torch.device = "cpu",
                    participants: Optional[List[str]] = None) -> FederatedData:
-    partition_dir = Path(partition_dir)
+    """A partition (and public set) as device tensors; a manifest missing a key is one line naming
+    the manifest and the key (issue 38), not a KeyError."""
+    where = [Path(partition_dir) / store.MANIFEST]  # the manifest being read, for the message
+    try:
+        return _load_federated(Path(partition_dir), public_dir, device, participants, where)
+    except KeyError as exc:
+        key = exc.args[0] if exc.args else "?"
+        raise ConfigError(f"{where[-1]}: missing key {key!r}; rebuild it with `dvc repro`") from None
+
+
+def _load_federated(partition_dir: Path, public_dir, device, participants, where) -> FederatedData:
     manifest = store.read_manifest(partition_dir)
     num_classes = store.check_num_classes(manifest, str(partition_dir / store.MANIFEST))
     shape = tuple(manifest["image_shape"])
@@ -83,6 +93,7 @@ def load_federated(partition_dir: Path, public_dir: Optional[Path] = None, devic
     public = None
     public_name = None
     if public_dir is not None:
+        where.append(Path(public_dir) / store.MANIFEST)
         pm = store.read_manifest(public_dir)
         px, py = store.load_split(public_dir, "train")
         if px.dtype != np.uint8 or px.ndim != 4:

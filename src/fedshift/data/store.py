@@ -174,7 +174,14 @@ def load_split(folder: Path, split: str, mmap: bool = False) -> Tuple[np.ndarray
             "(or `fedshift fetch` / `fedshift partition`) to build it"
         )
     mode = "r" if mmap else None
-    return np.load(img, mmap_mode=mode, allow_pickle=False), np.load(lab, mmap_mode=mode, allow_pickle=False)
+    arrays = []
+    for path in (img, lab):
+        try:
+            arrays.append(np.load(path, mmap_mode=mode, allow_pickle=False))
+        except (ValueError, EOFError, OSError) as exc:  # truncated or not a .npy file (issue 38)
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+            raise ConfigError(f"{path} is damaged, numpy cannot read it ({first}); rebuild it with `dvc repro`") from None
+    return arrays[0], arrays[1]
 
 
 def class_counts(labels: np.ndarray) -> Dict[str, int]:
@@ -258,6 +265,17 @@ def verify_manifest(folder: Path) -> None:
     """Recompute every file hash and compare with the manifest; raise naming the first mismatch."""
     manifest = read_manifest(folder)
     actual = file_hashes(folder)
-    for name, digest in manifest["files"].items():
+    path = Path(folder) / MANIFEST
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not files:
+        raise ConfigError(f"{path}: key 'files' ({'missing' if files is None else repr(files)[:40]}) must map every "
+                          "data file to its sha256; rebuild it with `dvc repro`")
+    # every data file a loader reads must be listed: an empty or partial map verified nothing (issue 38)
+    unlisted = sorted(n for n in actual if n.endswith(".npy") and n not in files)
+    if unlisted:
+        more = f" (and {len(unlisted) - 1} more)" if len(unlisted) > 1 else ""
+        raise ConfigError(f"{Path(folder) / unlisted[0]}{more} is not listed in {path}'s 'files', so its sha256 "
+                          "cannot be checked; rebuild it with `dvc repro`")
+    for name, digest in files.items():
         if actual.get(name) != digest:
             raise ConfigError(f"{Path(folder) / name}: sha256 differs from {MANIFEST} (file changed or missing)")

@@ -30,11 +30,14 @@ import logging
 import os
 import random
 import shutil
+import time
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
 import numpy as np
 import torch
+
+from ..errors import RunError
 
 log = logging.getLogger(__name__)
 
@@ -186,11 +189,16 @@ def input_hashes(manifests: Mapping[str, str], files: Mapping[str, Path] = ()) -
     return out
 
 
-def load(partial: Path, cfg_hash: str, inputs: Optional[Mapping[str, str]] = None) -> Optional[Dict[str, Any]]:
+def load(partial: Path, cfg_hash: str, inputs: Optional[Mapping[str, str]] = None,
+         code: Optional[Mapping[str, Any]] = None, allow_code_change: bool = False,
+         last_round: Optional[int] = None) -> Optional[Dict[str, Any]]:
     """The last complete checkpoint of this very job, or None (none yet, or the config or an input changed).
 
     ``inputs`` (``name -> sha256``, see :func:`input_hashes`) must equal the checkpoint's
     recorded inputs; a difference is logged in one line naming the first changed input.
+    ``code`` (:func:`fedshift.provenance.code_version`): a checkpoint written by other code is
+    refused with one line (RunError) unless ``allow_code_change``. A ``round`` outside
+    ``1..last_round`` is one line (RunError); non-finite weights set the file aside (renamed).
     """
     path = Path(partial) / CHECKPOINT
     if not path.exists():
@@ -211,7 +219,59 @@ def load(partial: Path, cfg_hash: str, inputs: Optional[Mapping[str, str]] = Non
             log.warning("checkpoint %s was trained on other data: %s sha256 %s, now %s; starting afresh",
                         path, name, str(old.get(name, "absent"))[:12], str(new.get(name, "absent"))[:12])
             return None
+    if last_round is not None:
+        r = ckpt.get("round")
+        if not isinstance(r, int) or isinstance(r, bool) or not 1 <= r <= last_round:
+            raise RunError(f"{path}: key 'round' is {r!r}, outside 1..{last_round} (the job's rounds/epochs); the "
+                           f"file is damaged or not this job's: remove {Path(partial)} to start afresh")
+    bad = nonfinite_tensor(ckpt.get("models") or [])
+    if bad:
+        aside = path.with_name(f"{CHECKPOINT}.nonfinite-{int(time.time())}")
+        os.replace(path, aside)
+        log.warning("checkpoint %s holds non-finite weights (%s): set aside as %s, starting afresh",
+                    path, bad, aside.name)
+        return None
+    if code is not None:
+        from ..provenance import describe_code
+
+        old = ckpt.get("code") or {}
+        if old.get("files_sha256") != code.get("files_sha256"):
+            what = (f"checkpoint {path} (round {ckpt.get('round')}) was written by {describe_code(old)}, "
+                    f"this job runs {describe_code(code)}")
+            if not allow_code_change:
+                raise RunError(f"{what}: resuming would mix two code versions in one run; rerun with "
+                               "--resume-across-code-change (or FEDSHIFT_RESUME_ACROSS_CODE_CHANGE=1) to resume "
+                               f"anyway, or remove {Path(partial)} to start afresh")
+            log.warning("%s; resuming anyway (--resume-across-code-change)", what)
     return ckpt
+
+
+def nonfinite_tensor(models) -> Optional[str]:
+    """``models[i] <key>`` of the first floating tensor holding NaN/inf in a list of state dicts, or None."""
+    for i, sd in enumerate(models):
+        for k, t in (sd.items() if isinstance(sd, Mapping) else ()):
+            if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+                return f"models[{i}] {k}"
+    return None
+
+
+def weights_only_problem(state: Any) -> Optional[tuple]:
+    """``(key, error)`` of the first top-level entry of ``state`` that ``torch.load(weights_only=True)``
+    cannot read back (a method plugin keeping an arbitrary object in its ``state_dict()``), or None."""
+    import io
+
+    items = state.items() if isinstance(state, Mapping) else [("<state_dict>", state)]
+    for key, value in items:
+        buf = io.BytesIO()
+        try:
+            torch.save(value, buf)
+            buf.seek(0)
+            torch.load(buf, map_location="cpu", weights_only=True)
+        except Exception as exc:  # torch's message opens with generic advice: keep the unpickler's line
+            lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()] or [type(exc).__name__]
+            why = next((ln for ln in lines if "Unsupported global" in ln or "Unpickler error" in ln), lines[0])
+            return str(key), why[:200]
+    return None
 
 
 def clear(partial: Path) -> None:

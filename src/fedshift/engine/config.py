@@ -53,6 +53,12 @@ class EngineConfig:
     # headline selection: "last_k" = mean of the last_k evaluations (FCCL+ tables); "best_val" = per participant,
     # its evaluation with the best validation ACC (FedH2L § IV-A: validation every 50 rounds, keep the best model)
     select: Literal["last_k", "best_val"] = "last_k"
+    # Which partition a seed reads. "fixed": the one `dvc repro` built (params/data.yaml's seed) for every run
+    # seed, so the seeds' spread is training noise only; "run": each run seed k redraws the scenario's
+    # private / public-seed / validation / test subsets with seed k (build/partitions_seeded/<scenario>/seed<k>,
+    # a Snakemake rule), as the authors' FCCL+ benchmark redraws each participant's private subset with the
+    # run seed (fccl+/datasets/utils/federated_dataset.py:159, seeded in fccl+/main.py:58-59).
+    data_seed: Literal["fixed", "run"] = "fixed"
     pooled_rows: bool = False  # also write FedH2L's WDP/CDP/ACC (and validation ACC) rows to rounds.csv
     device: str = "auto"  # "auto" = CUDA when available, else CPU; or "cpu", "cuda", "cuda:1"
     deterministic: bool = False  # torch.use_deterministic_algorithms (slower on GPU)
@@ -168,7 +174,7 @@ DEVICE_RE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
 
 def check_device(spec: str) -> None:
     """``auto``, ``cpu``, ``mps``, ``cuda`` or ``cuda:<index>`` (the form only; see :func:`check_cuda`)."""
-    if not isinstance(spec, str) or not DEVICE_RE.match(spec):
+    if not isinstance(spec, str) or not DEVICE_RE.fullmatch(spec):
         raise ValueError(f"device: invalid value {spec!r}; valid: auto, cpu, cuda, cuda:<index>, mps")
 
 
@@ -219,6 +225,9 @@ def check_common(cfg) -> None:
         raise ValueError(f"lr must be >= 0, got {cfg.lr}")
     if cfg.weight_decay < 0:
         raise ValueError(f"weight_decay must be >= 0, got {cfg.weight_decay}")
+    momentum = getattr(cfg, "momentum", 0.0)  # SGD's: negative or >= 1 passed validate and diverged (issue 38)
+    if not 0.0 <= momentum < 1.0:
+        raise ValueError(f"momentum must be in [0, 1) (0: plain SGD), got {momentum}")
     if not isinstance(cfg.malloc_tuning, bool) and not 1 <= cfg.malloc_tuning <= 4096:
         raise ValueError(f"malloc_tuning must be true, false or a size in MB from 1 to 4096, got {cfg.malloc_tuning}")
     if cfg.recompute not in (True, False, "auto"):

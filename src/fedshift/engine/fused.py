@@ -291,8 +291,8 @@ def fusion_obstacle(method, archs: Sequence[str], models: Sequence[nn.Module]) -
     one without it (per-client Python state, or a loss not written for stacked weights) is
     refused by name; so are mixed architectures and BatchNorm models.
     """
-    owner = next((k for k in type(method).__mro__ if "fused_objective" in vars(k)), None)
-    if owner is None or not callable(getattr(method, "fused_objective", None)):
+    owner = next((k for k in type(method).__mro__ if callable(vars(k).get("fused_objective"))), None)
+    if owner is None or not callable(method.fused_objective):
         return (f"method {method.name!r} has no fused local objective (per-client state or a loss "
                 "not written for stacked weights)")
     for hook in ("local_loss", "local_update"):  # a subclass that changes the loss (MOON, FedRS) is not covered
@@ -324,7 +324,7 @@ def fusion_decision(mode: str, method, archs: Sequence[str], models: Sequence[nn
         if mode == "on":
             raise ConfigError(f"engine.fused_clients: on cannot fuse: {obstacle}; use fused_clients: auto or off")
         return False, f"auto fell back: {obstacle}"
-    only = getattr(method, "fused_auto_devices", None)  # a method measured slower fused on some devices
+    only = method.fused_auto_devices  # a method measured slower fused on some devices
     if mode == "auto" and only is not None and device_type not in only:
         return False, (f"auto fell back: method {method.name!r} fuses by auto only on {', '.join(only)} "
                        f"(measured slower fused on {device_type})")

@@ -49,29 +49,37 @@ def round_clients(fed, r: int):
         return list(fed.clients)
     if r not in fed.sampled:
         fed.sampled[r] = sample_indices(n, m, fed.sample_gen)
+        chosen = [fed.clients[i] for i in fed.sampled[r]]
+        if not any(c.num_private for c in chosen):  # the round would silently train nothing (issue 38)
+            import logging
+
+            logging.getLogger(__name__).warning(
+                "round %d: the %d sampled client(s) (%s) hold no private data: this round trains nothing; "
+                "raise engine.clients_per_round/client_fraction or rebuild the partition so every client "
+                "holds data", r, len(chosen), ", ".join(c.name for c in chosen))
     return [fed.clients[i] for i in fed.sampled[r]]
 
 
 def check_engine(method, cfg) -> None:
     """Fail early when the engine asks for sampling / a shared model from a method that cannot honour it."""
     # A method may say why it refuses (``per_client_state``: MOON's previous models, FedProc's prototypes).
-    why = getattr(method, "per_client_state", "") or "trains every participant each round"
-    if (cfg.clients_per_round or cfg.client_fraction) and not getattr(method, "supports_sampling", False):
+    why = method.per_client_state or "trains every participant each round"
+    if (cfg.clients_per_round or cfg.client_fraction) and not method.supports_sampling:
         raise ConfigError(f"engine.clients_per_round/client_fraction: method {method.name!r} {why}; "
                           "client sampling needs a server-averaging method with eval_models: global "
                           "(fedavg, fedprox, fedrs, fedmmd, fedmmd_l2, fedfusion_*)")
-    if cfg.server_model and not getattr(method, "supports_server_model", False):
+    if cfg.server_model and not method.supports_server_model:
         raise ConfigError(f"engine.server_model: method {method.name!r} keeps a model per participant "
-                          f"({getattr(method, 'per_client_state', '') or 'its own weights'}); server_model needs a "
+                          f"({method.per_client_state or 'its own weights'}); server_model needs a "
                           "server-averaging method with eval_models: global (fedavg, fedprox, fedrs, fedmmd, fedfusion_*)")
-    if cfg.global_eval_every and getattr(getattr(method, "p", None), "eval_models", "global") == "local":
+    if cfg.global_eval_every and method.eval_protocol == "local":
         raise ConfigError(f"engine.global_eval_every: method {method.name!r} runs with eval_models: local, which "
                           "scores each participant's own model and keeps no round-end global model; use "
                           "eval_models: global or drop global_eval_every")
     if cfg.global_eval_every and not hasattr(method, "global_model"):
         raise ConfigError(f"engine.global_eval_every: method {method.name!r} has no global model to evaluate "
                           "(participants keep their own models); use the per-participant evaluation")
-    if cfg.server_model and getattr(method.p, "init", "scratch") != "scratch":
+    if cfg.server_model and method.init_from != "scratch":
         raise ConfigError("engine.server_model: clients share one model, which cannot start from per-participant "
                           "BASE checkpoints; use init: scratch")
 

@@ -9,6 +9,9 @@ A federated method overrides only the hooks that differ (Flower / FLGo style):
 * ``local_loss(fed, client, x, y, step)``: the batch loss of local updating (CE);
 * ``local_update(fed, r)``: runs local updating for every client;
 * ``after_round(fed, r)``: bookkeeping (teachers, global models);
+* declared capabilities (``supports_sampling``, ``supports_server_model``, ``per_client_state``,
+  ``fused_auto_devices``) and optional hooks (``fused_objective``, ``run_summary``, ``artifacts``),
+  each with its default on :class:`Method` (docs/extending.md);
 * ``state_dict()`` / ``load_state_dict(state)``: every piece of per-method and per-client
   state that lives across rounds (teachers, previous-round models, snapshots, prototypes,
   anchors, server models, EMA values...), so an interrupted run resumes bit-identically.
@@ -23,7 +26,8 @@ private data alone: no collaboration.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar, Dict, Literal, Mapping, Optional, Type
+from pathlib import Path
+from typing import Any, Callable, ClassVar, Dict, Literal, Mapping, Optional, Tuple, Type
 
 import torch
 import torch.nn.functional as F
@@ -39,6 +43,17 @@ METHODS: "Registry[Type[Method]]" = Registry(
 @dataclass(frozen=True)
 class BaseParams:
     init: Literal["scratch", "base"] = "scratch"  # start from random weights or the BASE (SOLO) checkpoints
+
+
+@dataclass(frozen=True)
+class ServerParams(BaseParams):
+    """What every server-averaging method (FedAvg and its family, plugins included) is configured by;
+    a method's own Params extend it with their fields (``class FedAvgMParams(ServerParams): beta: ...``)."""
+
+    weighting: Literal["samples", "uniform"] = "samples"  # McMahan 2017: weight client k by n_k
+    # global: score the round-end average (McMahan); local: average at the round's start, score each
+    # participant after local updating (FCCL+ authors' code, Table XV / CVPR Table 3; methods.fedavg docstring)
+    eval_models: Literal["global", "local"] = "global"
 
 
 class Method:
@@ -57,6 +72,17 @@ class Method:
     # Per-scenario defaults that differ from the dataclass (paper or authors' code), applied
     # before the user's overrides; e.g. FCCL+ uses omega = 1 on Office-Home.
     scenario_defaults: ClassVar[Dict[str, Dict[str, Any]]] = {}
+
+    # -- what the engine may do with the method (read by engine.sampling, engine.fused, resources) ----
+    # Each may be a class attribute or a property of the instance (FedAvg's depend on eval_models).
+    #: honours engine.clients_per_round / client_fraction (only some participants train in a round)
+    supports_sampling: bool = False
+    #: runs with engine.server_model (one working model shared by every client: memory flat in K)
+    supports_server_model: bool = False
+    #: why sampling or a shared model is refused, in a few words ('' = the generic reason)
+    per_client_state: str = ""
+    #: devices on which engine.fused_clients: auto fuses this method's clients (None: every device)
+    fused_auto_devices: Optional[Tuple[str, ...]] = None
 
     def __init__(self, params):
         self.p = params
@@ -83,6 +109,29 @@ class Method:
 
     def after_round(self, fed, r: int) -> None:
         pass
+
+    @property
+    def init_from(self) -> str:
+        """Where the participants' weights start: 'scratch' or 'base' (the BASE checkpoints), ``Params.init``."""
+        return getattr(self.p, "init", "scratch")
+
+    @property
+    def eval_protocol(self) -> str:
+        """Which model an evaluation scores: 'global' (the server's average) or 'local' (each participant's
+        own, after local updating), ``Params.eval_models``; 'global' for a method without that key."""
+        return getattr(self.p, "eval_models", "global")
+
+    # -- optional hooks (the defaults do nothing) --------------------------------------------------
+    #: ``fused_objective(fed) -> engine.fused.Objective``: the local loss written for stacked weights, so
+    #: engine.fused_clients can train every client in one vmapped call; None = cannot be fused.
+    fused_objective: Optional[Callable[[Any], Any]] = None
+
+    def run_summary(self, fed) -> Dict[str, Any]:
+        """Extra numbers for the run's metrics.json at the end (e.g. FedH2L's communication bytes)."""
+        return {}
+
+    def artifacts(self, out_dir: Path) -> None:
+        """Write extra files into the run folder being published (e.g. FCCL's figure data)."""
 
     # -- resumable state -----------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:

@@ -39,13 +39,13 @@ Which models are scored (``eval_models``, docs/fccl.md "Which models each table 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Literal, Mapping, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
 
 import torch
 
 from ..engine.fused import fused_local_update, fused_round, masked_cross_entropy, use_fused
 from ..engine.sampling import round_clients, unique_models
-from .base import METHODS, Method
+from .base import METHODS, Method, ServerParams
 
 
 def weighted_average(states: Sequence[Dict[str, torch.Tensor]], weights: Sequence[float]) -> Dict[str, torch.Tensor]:
@@ -101,12 +101,8 @@ class RunningAverage:
 
 
 @dataclass(frozen=True)
-class FedAvgParams:
-    init: Literal["scratch", "base"] = "scratch"  # authors' baselines start from scratch
-    weighting: Literal["samples", "uniform"] = "samples"  # McMahan 2017: weight by n_k
-    # global: score the round-end average (McMahan); local: average at the round's start, score each
-    # participant after local updating (FCCL+ authors' code, Table XV / CVPR Table 3; see module docstring)
-    eval_models: Literal["global", "local"] = "global"
+class FedAvgParams(ServerParams):
+    """FedAvg: the server-averaging fields alone (init from scratch, as the authors' baselines)."""
 
 
 def eval_models(params) -> str:

@@ -53,6 +53,8 @@ class FedMMDParams:
     def __post_init__(self):
         if self.lam < 0:
             raise ValueError(f"lam must be >= 0, got {self.lam}")
+        if not self.min_kernel_scale > 0:  # 0 lets the widths collapse: the issue-38 case passed validate
+            raise ValueError(f"min_kernel_scale must be > 0 (a floor on the kernels' width), got {self.min_kernel_scale}")
 
 
 @dataclass(frozen=True)

@@ -40,15 +40,12 @@ import torch.nn.functional as F
 
 from ..data.loading import normalize
 from ..losses import class_prototypes, fedproc_alpha, prototype_contrastive_loss
-from .base import METHODS
+from .base import METHODS, ServerParams
 from .fedavg import FedAvg
 
 
 @dataclass(frozen=True)
-class FedProcParams:
-    init: Literal["scratch", "base"] = "scratch"  # authors' baselines start from scratch
-    weighting: Literal["samples", "uniform"] = "samples"  # FedAvg: weight by n_k
-    eval_models: Literal["global", "local"] = "global"  # global: McMahan; local: FCCL+ authors' code (fedavg.py)
+class FedProcParams(ServerParams):
     alpha: float = 0.5  # weight of L_pc in (1-alpha) CE + alpha L_pc (FCCL+ Table VII)
     alpha_schedule: Literal["constant", "linear"] = "constant"  # FCCL+: constant; FedProc / MarsFL: 1 - r/(R-1)
     tau: float = 1.0  # similarity temperature (unstated in FCCL+; FedProc: none)

@@ -22,21 +22,18 @@ participant holds when the round starts, which the engine saves).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Literal
+from typing import Dict
 
 import torch.nn.functional as F
 
 from ..engine.fused import masked_cross_entropy
 from ..losses import prox_term
-from .base import METHODS
+from .base import METHODS, ServerParams
 from .fedavg import FedAvg
 
 
 @dataclass(frozen=True)
-class FedProxParams:
-    init: Literal["scratch", "base"] = "scratch"  # authors' baselines start from scratch
-    weighting: Literal["samples", "uniform"] = "samples"  # FedAvg: weight by n_k
-    eval_models: Literal["global", "local"] = "global"  # global: McMahan; local: FCCL+ authors' code (fedavg.py)
+class FedProxParams(ServerParams):
     mu: float = 0.01  # proximal weight (FCCL+ Table VII)
 
     def __post_init__(self):

@@ -35,18 +35,15 @@ import torch
 import torch.nn.functional as F
 
 from ..losses import fedrs_class_scales, restricted_logits
-from .base import METHODS
+from .base import METHODS, ServerParams
 from .fedavg import FedAvg
 
 
 @dataclass(frozen=True)
-class FedRSParams:
-    init: Literal["scratch", "base"] = "scratch"  # authors' baselines start from scratch
-    weighting: Literal["samples", "uniform"] = "samples"  # FedAvg: weight by n_k
+class FedRSParams(ServerParams):
     alpha: float = 0.5  # the smallest logit scale (FCCL+ Table VII; 1 = FedAvg)
     # count: s_c = alpha + (1 - alpha) n_c / max n (FedRepo code); missing: alpha for absent classes (paper text)
     restriction: Literal["count", "missing"] = "count"
-    eval_models: Literal["global", "local"] = "global"  # see fedshift.methods.fedavg
 
     def __post_init__(self):
         if not 0.0 <= self.alpha <= 1.0:

@@ -24,7 +24,8 @@ Per-participant state makes MOON refuse client sampling and ``engine.server_mode
 at validation.
 
 Kept: the two pairs, the temperature and the weight; the global and previous models
-run in eval mode without gradient; in the first round there is no previous local
+run without gradient, in eval mode (MOON's code) or, with ``teacher_bn: train`` (the FCCL+
+benchmark's setting, its Table XV grids), with batch statistics; in the first round there is no previous local
 model and the contrastive term is 0 (the MOON code's empty model pool gives a
 one-column softmax); model buffer size 1 (MOON's default).
 
@@ -48,18 +49,20 @@ import torch.nn.functional as F
 
 from ..engine.federation import frozen_copy
 from ..losses import moon_contrastive_loss
-from .base import METHODS
+from .base import METHODS, ServerParams
 from .fccl import refresh_copy
 from .fedavg import FedAvg
 
 
 @dataclass(frozen=True)
-class MOONParams:
-    init: Literal["scratch", "base"] = "scratch"  # authors' baselines start from scratch
-    weighting: Literal["samples", "uniform"] = "samples"  # FedAvg: weight by n_k
-    eval_models: Literal["global", "local"] = "global"  # global: McMahan; local: FCCL+ authors' code (fedavg.py)
+class MOONParams(ServerParams):
     tau: float = 0.5  # temperature of the model-contrastive loss (FCCL+ Table VII; MOON: 0.5)
     mu: float = 1.0  # weight of the model-contrastive loss (FCCL+ Table VII; MOON: 1 or 5)
+    # BatchNorm of the two teachers (global, previous local model): "eval" = their running statistics
+    # (MOON's code); "train" = the batch's statistics, updating their running statistics as they go, as the
+    # FCCL+ benchmark does: fccl+/models/moon.py:59-60 (`pre_f = prev_net.features(images)`,
+    # `g_f = self.global_net.features(images)`) runs deep copies of the training nets, never put in eval mode.
+    teacher_bn: Literal["eval", "train"] = "eval"
 
     def __post_init__(self):
         if self.tau <= 0 or self.mu < 0:
@@ -107,8 +110,11 @@ class MOON(FedAvg):
         loss = F.cross_entropy(logits, y)
         prev = self._prev.get(client.name)
         if prev is not None and self.p.mu > 0:
+            glob = self._global[client.name]
+            for t in (glob, prev):
+                t.train(self.p.teacher_bn == "train")  # frozen copies: eval mode unless asked
             with torch.no_grad():
-                h_glob = self._global[client.name].features(x)
+                h_glob = glob.features(x)
                 h_prev = prev.features(x)
             loss = loss + self.p.mu * moon_contrastive_loss(h, h_glob, h_prev, self.p.tau)
         return loss

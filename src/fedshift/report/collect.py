@@ -19,22 +19,32 @@ from pathlib import Path
 from typing import Iterable
 
 import pandas as pd
-import yaml
 
 from ..data.store import atomic_write_text
 
 ID_COLUMNS = ["scenario", "public", "method", "base_method", "structure", "seed"]
 
 
+def _config(run_dir: Path) -> dict:
+    from ..config import safe_load_yaml
+
+    return safe_load_yaml((Path(run_dir) / "config.yaml").read_text(), str(Path(run_dir) / "config.yaml"))
+
+
 def load_run(run_dir: Path) -> pd.DataFrame:
     run_dir = Path(run_dir)
     if run_dir.name == "metrics.json":
         run_dir = run_dir.parent
-    cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
+    cfg = _config(run_dir)
     df = pd.read_csv(run_dir / "rounds.csv")
     for col in ID_COLUMNS:
         df[col] = cfg.get(col)
     df["local_epochs"] = (cfg.get("engine") or {}).get("local_epochs")  # the schedule a proxy section states
+    # one data draw for every seed, or one per seed: what the report's intervals cover
+    df["data_seed"] = (cfg.get("engine") or {}).get("data_seed", "fixed")
+    # how a server-averaging method was scored (issue 34 item 6): a table mixing these is marked
+    mp = cfg.get("method_params") or {}
+    df["protocol"] = ", ".join(f"{k} {mp[k]}" for k in ("eval_models", "weighting") if k in mp)
     return df
 
 
@@ -48,7 +58,7 @@ def pretrain_rows(fed_cfgs: Iterable[dict], pretrain_dirs: Iterable[Path]) -> pd
         d = Path(d)
         if d.name in ("metrics.json", "model.pt"):
             d = d.parent
-        cfg = yaml.safe_load((d / "config.yaml").read_text())
+        cfg = _config(d)
         df = pd.read_csv(d / "rounds.csv")
         last[(cfg["scenario"], cfg["participant"], cfg["arch"], int(cfg["seed"]))] = df[df["round"] == df["round"].max()]
     frames, seen = [], set()
@@ -66,17 +76,48 @@ def pretrain_rows(fed_cfgs: Iterable[dict], pretrain_dirs: Iterable[Path]) -> pd
     return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
 
 
+def _folder(d: Path) -> Path:
+    d = Path(d)
+    return d.parent if d.name in ("metrics.json", "model.pt") else d
+
+
+def current_runs(run_dirs: Iterable[Path], kind: str = "run") -> list:
+    """The run folders whose recorded inputs (``inputs.json``) still equal the current files; each
+    one left out is listed on stderr (issue 38: a result of data that is gone never reaches the
+    tables). Folders without ``inputs.json`` (published before it existed) are kept."""
+    import sys
+
+    from ..provenance import stale
+
+    kept, left = [], []
+    for d in run_dirs:
+        why = stale(_folder(d))
+        (left if why else kept).append(d if not why else why)
+    if left:
+        print(f"fedshift: warning: collect skips {len(left)} {kind}(s) whose inputs changed since they ran "
+              "(rerun them: snakemake reruns them):", file=sys.stderr)
+        for why in left:
+            print(f"  skipped {why}", file=sys.stderr)
+    return kept
+
+
 def collect(run_dirs: Iterable[Path], out: Path, pretrain_dirs: Iterable[Path] = ()) -> pd.DataFrame:
+    run_dirs = current_runs(list(run_dirs), "federated run")
+    if not run_dirs:
+        from ..errors import ConfigError
+
+        raise ConfigError("every federated run given to collect was made from inputs that changed since "
+                          "(listed above); rerun them (snakemake) before collecting")
     frames = [load_run(Path(d)) for d in run_dirs]
-    pretrain_dirs = list(pretrain_dirs)
+    pretrain_dirs = current_runs(list(pretrain_dirs), "pretrain run")
     if pretrain_dirs:
         cfgs = []
         for d in run_dirs:
             d = Path(d).parent if Path(d).name == "metrics.json" else Path(d)
-            cfgs.append((yaml.safe_load((d / "config.yaml").read_text()), int(load_run(d)["round"].max())))
+            cfgs.append((_config(d), int(load_run(d)["round"].max())))
         frames.append(pretrain_rows(cfgs, pretrain_dirs))
     df = pd.concat(frames, ignore_index=True)
-    cols = ID_COLUMNS + ["round", "participant", "arch", "domain", "kind", "top1", "top5", "local_epochs"]
+    cols = ID_COLUMNS + ["round", "participant", "arch", "domain", "kind", "top1", "top5", "local_epochs", "data_seed", "protocol"]
     df = df.reindex(columns=list(dict.fromkeys(list(df.columns) + cols)))
     df = df[cols].sort_values(["scenario", "public", "structure", "method", "seed", "round", "participant", "domain"])
     atomic_write_text(Path(out), df.to_csv(index=False))

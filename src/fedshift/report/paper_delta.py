@@ -59,8 +59,8 @@ import yaml
 from ..errors import ConfigError
 from .frames import headline_frame, is_homogeneous, participant_archs, published_method_names, rename_published
 from .frames import topk as _topk
-from .stats import (CONFIDENCE, DEFAULT_MARGIN, NO_VERDICT, NOT_RUN, fmt_interval, mean_ci,  # noqa: F401
-                    t_critical, verdict)
+from .stats import (CONFIDENCE, DEFAULT_MARGIN, MIN_N, NO_VERDICT, NOT_RUN, fmt_interval, mean_ci,  # noqa: F401
+                    no_verdict_reason, t_critical, verdict)
 
 COLUMNS = ["paper", "table", "scenario", "method", "participant", "metric", "value", "flag", "note"]
 SPECIAL_PARTICIPANTS = ("avg", "delta_base", "global")  # not a domain: the printed AVG, Δ vs BASE, server model
@@ -426,7 +426,12 @@ def load_claims(path: Optional[Path] = None) -> List[dict]:
         if c.get("paired") not in (None, "seeds") or (c.get("paired") and c.get("kind") == "ratio"):
             raise ConfigError(f"{path}: claim {c['id']!r}: paired {c['paired']!r} must be 'seeds' (or absent), "
                               "and a ratio claim cannot be paired")
-        if (c.get("kind") == "ratio" or c.get("ratio_vs")) and not str(c["metric"]).startswith("rounds_to/"):
+        metrics = c["metric"] if isinstance(c["metric"], dict) else {"default": c["metric"]}
+        if not metrics or not all(isinstance(k, str) and isinstance(v, str) for k, v in metrics.items()):
+            raise ConfigError(f"{path}: claim {c['id']!r}: metric must be a metric key or a mapping "
+                              f"{{scenario: metric key}}, got {c['metric']!r}")
+        rounds = {str(v).startswith("rounds_to/") for v in metrics.values()}
+        if (c.get("kind") == "ratio" or c.get("ratio_vs")) and rounds != {True}:
             raise ConfigError(f"{path}: claim {c['id']!r}: kind ratio needs metric rounds_to/<target> or rounds_to/*, "
                               f"got {c['metric']!r}")
     return claims
@@ -446,7 +451,8 @@ def _resolve_metric(metric: str, scenario: str) -> str:
 def _pair(a, b, lower: bool, factor: float) -> Optional[bool]:
     """Does a beat b (a < factor·b when ``lower``, else a > factor·b)? a, b = (mean, ci, n, reached).
     True / False, or None when censored rounds leave it open. A challenger that never reached its target
-    (reached = 0) does not beat anyone."""
+    (reached = 0) does not beat a reference that did (the caller has already set aside a reference that
+    never reached it: that pair is not evaluable)."""
     (ma, na, ra), (mb, nb, rb) = (a[0], a[2], a[3]), (b[0], b[2], b[3])
     if not lower:
         return ma > factor * mb
@@ -462,6 +468,36 @@ def _pair(a, b, lower: bool, factor: float) -> Optional[bool]:
     return None
 
 
+def _never_reached(v) -> bool:
+    """Our side (n > 0) whose every seed missed the rounds target."""
+    return v[2] > 0 and v[3] == 0
+
+
+def _interval(v, factor: float = 1.0) -> Optional[Tuple[float, float]]:
+    """The side's 95% interval (scaled by ``factor``) if it can carry a verdict, else None: at least
+    :data:`MIN_N` seeds and a non-zero width. A censored side (some seeds never reached the target) is
+    [its mean, ∞): the mean counts those seeds at their last round + 1, a lower bound."""
+    mean, ci, n, reached = v[:4]
+    if n < MIN_N:
+        return None
+    if reached < n:
+        return factor * mean, math.inf
+    if no_verdict_reason(ci, n):
+        return None
+    return factor * (mean - ci), factor * (mean + ci)
+
+
+def _separation(va, vb, lower: bool, factor: float) -> Tuple[bool, bool]:
+    """(a beats b with the 95% intervals apart, b beats a with the intervals apart); both False when
+    either side has no interval that can carry a verdict (n < MIN_N, zero width)."""
+    ia, ib = _interval(va), _interval(vb, factor)
+    if ia is None or ib is None:
+        return False, False
+    if lower:
+        return ia[1] < ib[0], ia[0] > ib[1]
+    return ia[0] > ib[1], ia[1] < ib[0]
+
+
 def _fmt_term(name: str, v) -> str:
     mean, ci, n, reached = v[:4]
     if n == 0:  # a printed value of the paper: no seeds of ours behind it
@@ -471,20 +507,45 @@ def _fmt_term(name: str, v) -> str:
     return f"{name} {fmt_interval(mean, ci, n, bounded=False)} (n={n})"
 
 
+def _ratio_text(v, vr) -> str:
+    """v / reference, with ≥ / ≤ where a censored side makes the ratio a bound, '?' where both are."""
+    r = v[0] / vr[0]
+    v_low, r_low = v[2] > 0 and v[3] < v[2], vr[2] > 0 and vr[3] < vr[2]  # a censored mean is a lower bound
+    if v_low and r_low:
+        return f"? ({r:.2f} from two lower bounds)"
+    return ("≥ " if v_low else "≤ " if r_low else "") + f"{r:.2f}"
+
+
+def _target_text(metric: str) -> str:
+    t = metric.split("/", 1)[1]
+    try:
+        return f"{float(t) * 100:g} %"
+    except ValueError:
+        return t
+
+
 def _check(claim: dict, lookup, scenario: str, metric: Optional[str] = None) -> Optional[dict]:
-    """Evaluate a claim's pairs in one group; None when none of its pairs is present there."""
+    """Evaluate a claim's pairs in one group; None when none of its pairs is present there. A rounds pair
+    whose reference never reached the target in any seed is *not evaluable* (nothing to be fewer than);
+    a challenger that never reached a target its reference reached fails."""
     lower = bool(claim.get("lower_is_better", False)) or claim.get("kind") == "ratio"
     ratio = claim.get("kind") == "ratio"
     factor = float(claim.get("below", 1.0)) if ratio else 1.0
-    metric = metric or _resolve_metric(claim["metric"], scenario)
+    metric = metric or _resolve_metric(_claim_metric(claim, scenario) or "", scenario)
     part = claim.get("participant", "avg")
     paired = claim.get("paired") == "seeds" and not ratio
+    rounds = metric.startswith("rounds_to/")
     total = len(claim["compare"])
-    done, lines, failed, open_, separated = 0, [], False, 0, True
+    done, lines, failed, open_, separated, against, unreached = 0, [], False, 0, True, False, []
     for a, b in claim["compare"]:
         va, vb = lookup(*_term(a), metric, part), lookup(*_term(b), metric, part)
         if va is None or vb is None or pd.isna(va[0]) or pd.isna(vb[0]):
             lines.append(f"{a} vs {b}: not evaluated ({a if va is None or pd.isna(va[0]) else b} absent)")
+            continue
+        if rounds and _never_reached(vb):
+            unreached.append(b)
+            lines.append(f"{a} vs {b}: not evaluable ({b} never reached {_target_text(metric)} in {vb[2]} "
+                         f"seed{'s' if vb[2] != 1 else ''}; {_fmt_term(a, va)})")
             continue
         done += 1
         seeds = sorted(set(va[4]) & set(vb[4])) if paired and len(va) > 4 and va[4] and vb[4] else []
@@ -492,7 +553,9 @@ def _check(claim: dict, lookup, scenario: str, metric: Optional[str] = None) -> 
             d, dh, dn = mean_ci([(vb[4][s] - va[4][s]) if lower else (va[4][s] - vb[4][s]) for s in seeds])
             ok = bool(d > 0)
             failed |= not ok
-            separated &= ok and d - dh > 0
+            can = not no_verdict_reason(dh, dn)
+            separated &= ok and can and d - dh > 0
+            against |= (not ok) and can and d + dh < 0
             lines.append(f"{a} − {b} paired over seeds {', '.join(str(s) for s in seeds)}: "
                          f"Δ = {d:+.2f}{' (lower is better)' if lower else ''}, 95% CI [{d - dh:+.2f}, {d + dh:+.2f}] (n={dn}): "
                          f"{'yes' if ok else 'NO'}")
@@ -502,38 +565,60 @@ def _check(claim: dict, lookup, scenario: str, metric: Optional[str] = None) -> 
         if ok is None:
             open_ += 1
         failed |= ok is False
-        both_ci = va[2] >= 2 and vb[2] >= 2 and not pd.isna(va[1]) and not pd.isna(vb[1]) and not ratio
-        separated &= bool(ok) and both_ci and (va[0] + va[1] < vb[0] - vb[1] if lower else va[0] - va[1] > vb[0] + vb[1])
+        sep_for, sep_against = _separation(va, vb, lower, factor) if not ratio else (False, False)
+        if ratio:  # a ratio claim compares two rounds counts against `below`: CI-separated when both
+            sep_for, sep_against = _separation(va, vb, True, factor)  # intervals clear it (b scaled by it)
+        separated &= bool(ok) and sep_for
+        against |= ok is False and sep_against
         word = {True: "yes", False: "NO", None: "open (censored)"}[ok]
         ref = claim.get("ratio_vs")
         vr = lookup(ref, None, metric, part) if ref else None
         if ref and vr is not None and not pd.isna(vr[0]) and vr[0]:
-            lines.append(f"{a} / {ref} = {va[0] / vr[0]:.2f}, {b} / {ref} = {vb[0] / vr[0]:.2f}: "
-                         f"{a} {'<' if lower else '>'} {b}: {word}")
+            lines.append(f"{_fmt_term(a, va)}, {_fmt_term(b, vb)}; {a} / {ref} = {_ratio_text(va, vr)}, "
+                         f"{b} / {ref} = {_ratio_text(vb, vr)}: {a} {'<' if lower else '>'} {b}: {word}")
         elif ratio:
             r = va[0] / vb[0] if vb[0] else math.nan
             bound = "≤ " if va[3] == va[2] and vb[3] < vb[2] else ("≥ " if va[3] < va[2] and vb[3] == vb[2] else "")
             lines.append(f"{_fmt_term(a, va)} / {_fmt_term(b, vb)} = {bound}{r:.2f} < {factor:g}: {word}")
         else:
             lines.append(f"{_fmt_term(a, va)} {'<' if lower else '>'} {_fmt_term(b, vb)}: {word}")
-    if not done:
+    if not done and not unreached:
         return None
-    if failed:
+    if not done:
+        status = f"not evaluable: {', '.join(dict.fromkeys(unreached))} never reached {_target_text(metric)}"
+    elif failed:
         status = "NOT held"
     elif done < total or open_:
         status = f"partly evaluable: {done - open_} of {total}"
     else:
         status = "held"
     return dict(status=status, held=status == "held", separated=status == "held" and separated,
-                pairs=f"{done - open_}/{total}", numbers="; ".join(lines), metric=metric)
+                against=status == "NOT held" and against, pairs=f"{done - open_}/{total}",
+                numbers="; ".join(lines), metric=metric)
 
 
-def _metrics(claim: dict, available: Iterable[str], scenario: str, ours: bool = False) -> List[str]:
-    """The concrete metrics a claim is evaluated on: ``rounds_to/*`` = every rounds target present; a
-    ``ratio_vs`` claim on our runs, too (our targets need not be the paper's: only the ratio compares)."""
-    if claim["metric"] == "rounds_to/*" or (ours and claim.get("ratio_vs")):
-        return sorted({m for m in available if str(m).startswith("rounds_to/")})
-    return [_resolve_metric(claim["metric"], scenario)]
+def _claim_metric(claim: dict, scenario: str, our_scenario: Optional[str] = None) -> Optional[str]:
+    """The claim's metric in a scenario: a mapping ``{scenario: metric}`` (published or our scenario name,
+    ``default`` for the rest) gives each scenario its own target; None where the mapping names none."""
+    m = claim["metric"]
+    if not isinstance(m, dict):
+        return m
+    for key in (our_scenario, scenario, "default"):
+        if key and key in m:
+            return m[key]
+    return None
+
+
+def _metrics(claim: dict, available: Iterable[str], scenario: str, our_scenario: Optional[str] = None) -> List[str]:
+    """The concrete metrics a claim is evaluated on: its own (per scenario, where it maps them), or, for
+    ``rounds_to/*``, every rounds target present. A rounds claim is judged at its target only: a
+    target the paper never names says nothing about its claim."""
+    m = _claim_metric(claim, scenario, our_scenario)
+    if m is None:
+        return []
+    if m == "rounds_to/*":
+        return sorted({x for x in available if str(x).startswith("rounds_to/")})
+    return [_resolve_metric(m, scenario)]
 
 
 def group_kinds(runs: pd.DataFrame) -> Dict[Tuple[str, str, str], str]:
@@ -613,13 +698,13 @@ def evaluate_claims(claims: List[dict], agg: Optional[pd.DataFrame], published: 
                     seeds = {int(k): float(v) for k, v in zip(s["seed"], s["value"]) if not pd.isna(v)}
                 return (h["mean"], h["ci"], int(h["n"]), int(h["reached"]), seeds)
 
-            for metric in _metrics(c, g["metric"], target, ours=True):
+            for metric in _metrics(c, g["metric"], target, scen):
                 r = _check(c, look, target, metric)
                 if r:
                     rows.append(dict(base, who="ours", scenario=target, our_scenario=scen, public=public,
                                      structure=struct, proxy=target != scen, **r))
     cols = ["id", "paper", "claim", "source", "claim_structure", "who", "scenario", "our_scenario", "public",
-            "structure", "proxy", "metric", "status", "held", "separated", "pairs", "numbers"]
+            "structure", "proxy", "metric", "status", "held", "separated", "against", "pairs", "numbers"]
     out = pd.DataFrame(rows, columns=cols)
     out["verdict"] = [claim_verdict(r) for _, r in out.iterrows()]  # what the reader sees
     return out.drop_duplicates(subset=["id", "who", "scenario", "our_scenario", "public", "structure", "metric",
@@ -643,9 +728,12 @@ def _fmt_delta(r) -> str:
     return ("≥ " if r["reached"] < r["n"] else "") + f"{r['delta']:+.2f}"
 
 
-def cells_markdown(cells: pd.DataFrame, title: str, margin: float = DEFAULT_MARGIN, schedule: str = "") -> str:
+def cells_markdown(cells: pd.DataFrame, title: str, margin: float = DEFAULT_MARGIN, schedule: str = "",
+                   margin_reason: str = "", schedule_differs: str = "") -> str:
     """One section's cells. A proxy section (our stand-in scenario) opens with both schedules and has no
-    verdict column: its numbers and Δ are shown, not judged."""
+    verdict column: its numbers and Δ are shown, not judged. A section on the paper's data whose schedule
+    is not the paper's (``schedule_differs``: e.g. 500 of 10,000 rounds) states both schedules and its
+    verdict column says "no verdict"."""
     proxy = bool(cells["proxy"].any())
     head = "| method | participant | metric | n | ours (mean ± 95% CI) | published | Δ |"
     rule = "|---|---|---|---:|---:|---:|---:|"
@@ -653,7 +741,12 @@ def cells_markdown(cells: pd.DataFrame, title: str, margin: float = DEFAULT_MARG
     if proxy:
         lines += [schedule, "", "No verdicts here: a stand-in run on another schedule cannot agree or differ "
                   "with the paper; the numbers and Δ are for orientation only.", ""]
-    else:
+    elif schedule_differs:
+        lines += [schedule, "", f"No verdicts here: {schedule_differs}; a run on another schedule cannot agree or "
+                  "differ with the paper's numbers.", ""]
+    if not proxy:
+        if margin_reason:
+            lines += [f"Margin {margin_reason}.", ""]
         head, rule = head + f" verdict (margin ±{margin:g}) |", rule + "---|"
     lines += [head, rule]
     for _, r in cells.iterrows():
@@ -662,7 +755,7 @@ def cells_markdown(cells: pd.DataFrame, title: str, margin: float = DEFAULT_MARG
         row = (f"| {name} | {r['participant']} | {r['metric']} | {r['n']} | {_fmt_ours(r)} | {pub} | "
                f"{_fmt_delta(r)} |")
         if not proxy:
-            row += f" {r['verdict']}{' (n = 1: no CI)' if r['n'] == 1 else ''} |"
+            row += f" {r['verdict']} |"
         lines.append(row)
     if (cells["ours_method"] == BASE_PRETRAIN).any():
         lines.append("\nThe published `base` (SOLO/BASE) row is matched with our `base_pretrain`; our federated "
@@ -692,14 +785,21 @@ def summary_markdown(summary: pd.DataFrame) -> str:
 
 
 MEANS_ONLY = "held by the means only: inconclusive"
+NOT_MEANS_ONLY = "NOT held by the means only: inconclusive"
 
 
 def claim_verdict(r: Mapping) -> str:
-    """The verdict a reader sees: on our runs a claim held by the means alone (n = 1 on a side, or
-    overlapping 95% intervals) is inconclusive, never simply "held"; the paper's tables have no seeds."""
-    if r["who"] != "ours" or r["status"] != "held":
+    """The verdict a reader sees. On our runs "held" and "NOT held" need the same evidence: the 95%
+    intervals apart (each side n ≥ MIN_N, non-zero width; paired claims: the interval of the per-seed
+    differences clear of 0), else the means alone decided and the verdict is inconclusive. The paper's
+    tables have no seeds: their printed numbers are read as they stand."""
+    if r["who"] != "ours":
         return r["status"]
-    return "held (CI-separated)" if r["separated"] else MEANS_ONLY
+    if r["status"] == "held":
+        return "held (CI-separated)" if r["separated"] else MEANS_ONLY
+    if r["status"] == "NOT held":
+        return "NOT held (CI-separated)" if r.get("against") else NOT_MEANS_ONLY
+    return r["status"]
 
 
 def claims_markdown(claims: pd.DataFrame) -> str:
@@ -738,6 +838,38 @@ def schedule_note(runs: pd.DataFrame, source: str, paper: str, our_scenario: str
         return ours + " The paper's: not recorded in params/papers/schedules.yaml."
     return (ours + f" The paper's: data {theirs.get('data', '?')}, {theirs.get('rounds', '?')} rounds, local epochs "
             f"{theirs.get('local_epochs', '?')}, models {theirs.get('models', '?')} ({theirs.get('source', '')}).")
+
+
+def schedule_differs(runs: pd.DataFrame, source: str, paper: str, our_scenario: str, public: str, structure: str,
+                     schedules: Mapping) -> str:
+    """'' when our runs of the group ran the paper's number of rounds (or the paper states none as a
+    number), else why not ("ours ran 500 of the paper's 10,000 rounds")."""
+    theirs = schedules.get(source) or schedules.get(f"default_{paper}") or {}
+    want = theirs.get("rounds")
+    if isinstance(want, bool) or not isinstance(want, int):
+        return ""
+    g = runs[(runs["scenario"] == our_scenario) & (runs["public"] == public) & (runs["structure"] == structure)
+             & (runs["method"] != BASE_PRETRAIN)]
+    if not len(g):
+        return ""
+    ours = int(g.groupby(["method", "seed"])["round"].max().min())
+    return "" if ours == want else f"ours ran {ours:,} of the paper's {want:,} rounds"
+
+
+def interval_coverage(runs: pd.DataFrame) -> str:
+    """What the seeds' spread measures: training noise on one data draw (``data_seed: fixed``, every seed
+    reads the same partition) or data draw + training (``data_seed: run``)."""
+    ds = set(runs["data_seed"].dropna().astype(str)) if "data_seed" in runs.columns else set()
+    if ds == {"run"}:
+        return ("each seed drew its own private/public/test subsets (`data_seed: run`, as the authors' code "
+                "does): the intervals cover data draw and training noise.")
+    if "run" in ds:
+        return ("some groups redrew their data per seed (`data_seed: run`: data draw + training noise) and others "
+                "share one draw (`data_seed: fixed`: training noise only); runs.csv's data_seed column says which.")
+    return ("every seed trained and was evaluated on one data draw (`data_seed: fixed`): the intervals cover "
+            "training noise (initialisation, batch order) only, not the variation of another draw of the "
+            "partitions and test images, which can be as large: a test set of n images at accuracy p alone has a "
+            "binomial sd of √(p(1 − p)/n), 2.7 points for 150 images at 88 %.")
 
 
 def delta_figure(cells: pd.DataFrame, path: Path, title: str) -> None:
@@ -808,9 +940,59 @@ def published_inconsistencies(published: Dict[str, pd.DataFrame]) -> pd.DataFram
     return pd.concat(flagged, ignore_index=True)[cols] if flagged else pd.DataFrame(columns=cols)
 
 
-def report_margin(report_cfg: Mapping) -> float:
-    """``report.margin`` (percentage points), default :data:`DEFAULT_MARGIN`; a clear error otherwise."""
-    m = report_cfg.get("margin", DEFAULT_MARGIN)
+def table_margin(name: str, table: pd.DataFrame, claims: Sequence[dict],
+                 explicit: Optional[float] = None) -> Tuple[float, str]:
+    """The equivalence margin of one published table and its reason (issue 34 item 3).
+
+    ``report.margin`` in the grid wins (reason: set by the grid). Otherwise half the smallest printed gap
+    that a claim of ``claims.yaml`` reading this table rests on (the pair's printed values, in the claimed
+    direction): agreeing within that margin cannot turn the claim around. A table no claim rests on keeps
+    :data:`DEFAULT_MARGIN`, said to be a convention (no paper prints a seed spread). Units are the table's:
+    percentage points for accuracies, rounds for rounds-to-target tables."""
+    if explicit is not None:
+        return explicit, f"±{explicit:g}, set by the grid (`report.margin`)"
+    best = None
+    p = table[table["participant"] != "delta_base"] if len(table) else table
+    for c in claims:
+        if name not in (c.get("published") or []):
+            continue
+        lower = bool(c.get("lower_is_better", False)) or c.get("kind") == "ratio"
+        scope = set(c.get("scenarios") or [])
+        for scen in sorted(set(p["scenario"])) if len(p) else []:
+            if scope and scen not in scope:
+                continue
+            metric = _claim_metric(c, scen)
+            if metric is None or metric == "rounds_to/*":
+                continue
+            metric = _resolve_metric(metric, scen)
+            part = c.get("participant", "avg")
+
+            def value(term):
+                method, at = _term(term)
+                hit = p[(p["scenario"] == (at or scen)) & (p["method"] == method) & (p["metric"] == metric)
+                        & (p["participant"] == part)]
+                return float(hit["value_num"].iloc[0]) if len(hit) else None
+
+            for a, b in c["compare"]:
+                va, vb = value(a), value(b)
+                if va is None or vb is None:
+                    continue
+                gap = (vb - va) if lower else (va - vb)
+                if gap > 0 and (best is None or gap < best[0]):
+                    best = (gap, f"{c['id']}: {a} {va:g} vs {b} {vb:g} on {scen} ({metric})")
+    if best is None:
+        return DEFAULT_MARGIN, (f"±{DEFAULT_MARGIN:g}, a convention: no claim of params/papers/claims.yaml rests "
+                                "on this table (no paper prints a seed spread to derive one from)")
+    m = round(best[0] / 2, 2)
+    return m, f"±{m:g}, half the smallest printed gap a claim of this table rests on ({best[1]})"
+
+
+def report_margin(report_cfg: Mapping) -> Optional[float]:
+    """``report.margin`` (the table's units) when the grid sets it, else None (each table derives its own,
+    :func:`table_margin`); a clear error for anything but a positive number."""
+    m = report_cfg.get("margin")
+    if m is None:
+        return None
     if isinstance(m, bool) or not isinstance(m, (int, float)) or not m > 0:
         raise ConfigError(f"report.margin: {m!r} must be a positive number of percentage points (default "
                           f"{DEFAULT_MARGIN:g})")
@@ -830,34 +1012,45 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
     targets = sorted({m.split("/", 1)[1] for t in tables.values() for m in t["metric"] if m.startswith("rounds_to/")})
     long = ours_long(runs, last_k, targets)
     agg = aggregate(long)
-    margin = report_margin(report_cfg)
+    explicit = report_margin(report_cfg)
+    claims = load_claims(claims_file) if (claims_file or claims_path().is_file()) else []
     schedules = _schedules()
     md = ["## Paper delta", "",
           "Ours: mean over seeds ± the 95% confidence half-width (Student t, n − 1 degrees of freedom; n shown) of "
           f"{value_source(runs, last_k)}, rounded once; an interval beyond 0 or 100 is printed clipped as "
-          f"`mean [low, high]`. Verdict against a margin of ±{margin:g} points (`report.margin`): **agrees within "
-          "margin** when the 90% interval of Δ = ours − published lies inside ±margin (two one-sided t tests at 5%) "
-          "and the 95% half-width is no wider than the margin; **differs** when the 95% interval of Δ lies wholly "
-          "beyond the margin; otherwise **inconclusive** (always with n = 1, which has no interval). "
+          f"`mean [low, high]`. **What the intervals cover:** {interval_coverage(runs)} "
+          "Verdict against each table's margin (stated with its reason under the table's sections): **agrees "
+          "within margin** when the 90% interval of Δ = ours − published lies inside ±margin (two one-sided t tests "
+          "at 5%) and the 95% half-width is no wider than the margin; **differs** when the 95% interval of Δ lies "
+          f"wholly beyond the margin; otherwise **inconclusive**, and always below n = {MIN_N} seeds or with a "
+          "zero-width interval (the reason is printed). "
           "Rounds to a target: a seed that never reaches it counts as its last round + 1 (`≥`: a lower bound), "
           "with `reached k/n`. **Proxy** sections (our scenario stands in for the published one; AVG cells only, "
-          "its domains are not the paper's) state both schedules and give no verdicts. ⚑ = the printed value does "
-          "not recompute (kept as printed).", ""]
+          "its domains are not the paper's) and sections whose schedule is not the paper's state both schedules "
+          "and give no verdicts. ⚑ = the printed value does not recompute (kept as printed).", ""]
     if renamed:
         md += ["Compared with the published rows of another name (`report.published_methods`): "
                + ", ".join(f"our `{o}` as the paper's `{p}`" for p, o in renamed.items()) + ".", ""]
     all_cells = []
     for spec in specs:
+        margin, why = table_margin(spec.name, tables[spec.name], claims, explicit)
         cells = compare(agg, tables[spec.name], scenario_map, spec, margin)
         if cells.empty:
             md.append(f"{spec.name}: no run of this grid matches the published table's scenarios/methods.\n")
             continue
+        cells["margin"] = margin
+        for (scen, our, pubset, struct), g in cells.groupby(["scenario", "our_scenario", "public", "structure"], sort=False):
+            paper = g["table"].iloc[0].split(" ")[0]
+            differs = schedule_differs(runs, spec.name, paper, our, pubset, struct, schedules)
+            if differs and not g["proxy"].any():  # the paper's data on another schedule: numbers, no verdicts
+                idx = g.index[g["published"].notna()]
+                cells.loc[idx, "verdict"] = f"no verdict ({differs})"
+                g = cells.loc[g.index]
+            label = f"{g['table'].iloc[0]}: {scen}" + (f" — PROXY: ours on {our}" if our != scen else "") + f" / {pubset} / {struct}"
+            note = schedule_note(runs, spec.name, paper, our, pubset, struct, schedules)
+            md.append(cells_markdown(g, label, margin, note, why, differs))
         all_cells.append(cells)
         cells.to_csv(out_dir / f"delta__{spec.name}.csv", index=False)
-        for (scen, our, pubset, struct), g in cells.groupby(["scenario", "our_scenario", "public", "structure"], sort=False):
-            label = f"{g['table'].iloc[0]}: {scen}" + (f" — PROXY: ours on {our}" if our != scen else "") + f" / {pubset} / {struct}"
-            note = schedule_note(runs, spec.name, g["table"].iloc[0].split(" ")[0], our, pubset, struct, schedules)
-            md.append(cells_markdown(g, label, margin, note))
         title = f"{cells['table'].iloc[0]}: ours vs published" + (" (proxy: other schedule)" if cells["proxy"].any() else "")
         delta_figure(cells, out_dir / f"delta__{spec.name}.png", title)
         md.append(f"![delta](delta__{spec.name}.png)\n")
@@ -865,7 +1058,6 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
         summary = summarize(pd.concat(all_cells, ignore_index=True))
         summary.to_csv(out_dir / "delta_summary.csv", index=False)
         md += ["### Per-table summary", "", summary_markdown(summary)]
-    claims = load_claims(claims_file) if (claims_file or claims_path().is_file()) else []
     wanted = {s.name for s in specs}
     verdicts = evaluate_claims(claims, agg, published, scenario_map, paper_tables=wanted, kinds=group_kinds(runs),
                                per_seed=long, method_names=renamed)
@@ -873,18 +1065,23 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
     if len(verdicts):
         md += ["### Claims", "", "A claim is held only when every pair it names was evaluated and holds; NOT held "
                "as soon as one evaluated pair fails; otherwise partly evaluable (k of n pairs). A claim naming a "
-               "structure is evaluated only on our runs of that kind. On our runs a held claim is *held "
-               "(CI-separated)* when both sides have n ≥ 2 and their 95% intervals do not overlap, else *held by "
-               "the means only: inconclusive* (n = 1 has no interval; overlapping intervals cannot order the "
-               "methods). The intervals are per side, except for a claim marked `paired: seeds` in "
-               "params/papers/claims.yaml: its sides share their seeds (and evaluation images), so it is judged on "
-               "the per-seed differences, CI-separated when their 95% interval lies above 0.", "",
+               "structure is evaluated only on our runs of that kind. A rounds claim is judged at its own "
+               "target only (per scenario where params/papers/claims.yaml maps targets); where the reference "
+               "never reached it in any seed the claim is *not evaluable*, and a challenger that never reached a "
+               "target its reference reached fails. On our runs *held* and *NOT held* need the same evidence: "
+               f"*(CI-separated)* when both sides have n ≥ {MIN_N} and their 95% intervals (non-zero width) do "
+               "not overlap, else *… by the means only: inconclusive* (n < 3 or overlapping intervals cannot "
+               "order the methods). The intervals are per side, except for a claim marked `paired: seeds`: its "
+               "sides share their seeds (and evaluation images), so it is judged on the per-seed differences, "
+               "CI-separated when their 95% interval clears 0.", "",
                claims_markdown(verdicts)]
 
         def counts(v):
-            c = v["verdict"].map(lambda x: "partly evaluable" if x.startswith("partly") else x).value_counts()
-            kinds = ("held (CI-separated)", MEANS_ONLY) if (v["who"] == "ours").all() else ("held",)
-            return ", ".join(f"{int(c.get(k, 0))} {k}" for k in (*kinds, "NOT held", "partly evaluable"))
+            c = v["verdict"].map(lambda x: x.split(":")[0] if x.startswith(("partly", "not evaluable")) else x
+                                 ).value_counts()
+            kinds = (("held (CI-separated)", MEANS_ONLY, "NOT held (CI-separated)", NOT_MEANS_ONLY)
+                     if (v["who"] == "ours").all() else ("held", "NOT held"))
+            return ", ".join(f"{int(c.get(k, 0))} {k}" for k in (*kinds, "partly evaluable", "not evaluable"))
 
         ours = verdicts[verdicts["who"] == "ours"]
         paper = verdicts[verdicts["who"] != "ours"]

@@ -137,6 +137,27 @@ def _slug(*parts: str) -> str:
     return "__".join(str(p) for p in parts)
 
 
+def interval_coverage(runs: pd.DataFrame) -> str:
+    from .paper_delta import interval_coverage as cover
+
+    return cover(runs)
+
+
+def mixed_protocols(runs: pd.DataFrame) -> List[str]:
+    """A warning line when the server-averaging rows of one table were scored under different
+    ``eval_models`` / ``weighting`` (e.g. a plugin under McMahan's protocol beside FedAvg under the FCCL+
+    authors'): such rows do not compare like for like."""
+    if "protocol" not in runs.columns:
+        return []
+    per = (runs.dropna(subset=["protocol"]).loc[lambda d: d["protocol"].astype(str) != ""]
+           .groupby("method")["protocol"].first())
+    if per.nunique() < 2:
+        return []
+    return ["**⚠ Mixed scoring protocols in this table:** " + "; ".join(f"{m}: {p}" for m, p in per.items())
+            + " (`eval_models: local` scores each participant's own model after local updating, `global` the "
+            "averaged model; set them equal in the grid's `methods:` block to compare like for like).", ""]
+
+
 def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None, last_k: int = 3,
                 tracking: bool = True) -> List[Path]:
     df = pd.read_csv(runs_csv)
@@ -152,7 +173,7 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
               "column; no interval with one seed). An interval reaching beyond 0 or 100 is printed clipped, "
               "as `mean [low, high]`. Numbers are rounded once, when printed. `std_table_*.csv` hold the seed "
               "std, `ci_table_*.csv` the half-widths (unrounded). A participant's column names its architecture.",
-              ""]
+              "", f"**What the intervals cover:** {interval_coverage(full)}", ""]
         if (df["method"] == "base_pretrain").any():
             md += ["`base_pretrain` is the papers' SOLO/BASE row: each participant trained alone on its private "
                    "data for `pretrain.epochs` epochs (the pretrain runs, final epoch); `base` is the same without "
@@ -170,6 +191,8 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
                 ci = ci_table(sd, t["seeds"])
                 ci.to_csv(tmp / f"ci_table_{kind}__{slug}.csv")  # 95% CI half-width, same layout
                 md.append(to_markdown(t, f"{tname} {metric}: {scen} / public {pub} / {struct}", ci, archs))
+                if kind == "inter":
+                    md += mixed_protocols(sub)
             curves_figure(sub, tmp / f"curves__{slug}.png", f"{scen} / public {pub} / {struct}")
             md.append(f"![curves](curves__{slug}.png)\n")
         named = {}  # (table name, scenario, public, structure) -> (table, std): ablation bar charts

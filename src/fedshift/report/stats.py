@@ -8,9 +8,14 @@
   points; grid key ``report.margin``, default :data:`DEFAULT_MARGIN`). Two one-sided t tests
   (TOST, Schuirmann 1987) at level 0.05 each, i.e. the 90% interval of Δ = ours − published lies
   inside [−m, +m], and the 95% half-width is itself no wider than m: **agrees within ±m**. The 95% interval of Δ lies wholly beyond the margin
-  (Δ − h > m or Δ + h < −m): **differs (above / below)**. Anything else, including every n = 1
-  cell and every cell whose 95% half-width exceeds the margin without Δ clearing it:
-  **inconclusive**. The published value is taken as exact (the papers print no interval).
+  (Δ − h > m or Δ + h < −m): **differs (above / below)**. Anything else is **inconclusive**, and so is
+  every cell with fewer than :data:`MIN_N` seeds (n = 1 has no interval; n = 2 has one degree of
+  freedom, whose sample std is too unstable to bound a verdict) and every zero-width interval (all
+  seeds printed the same number: the spread is unmeasured, not zero); those say why in brackets.
+  The published value is taken as exact (the papers print no interval).
+* The margin is a stated choice per published table (:func:`fedshift.report.paper_delta.table_margin`:
+  half the smallest printed gap a claim of that table rests on), never a "seed spread": none of the
+  papers prints one.
 * Rounding happens once, when a number is printed (:func:`fmt_interval`); every table and
   section computes from the unrounded values, so one cell has one interval everywhere.
 """
@@ -25,7 +30,8 @@ import pandas as pd
 
 CONFIDENCE = 0.95
 TOST_ALPHA = 0.05  # each one-sided test; equivalent to the 90% interval inside the margin
-DEFAULT_MARGIN = 3.0  # percentage points: a few points, about the seed spread of the papers' tables
+DEFAULT_MARGIN = 3.0  # percentage points: a convention for tables no claim rests on (no paper prints a seed spread)
+MIN_N = 3  # seeds per side before any verdict (agree / differ, held / NOT held) is given
 LOW, HIGH = 0.0, 100.0  # accuracies in percent
 
 AGREES = "agrees within margin"
@@ -78,13 +84,25 @@ def fmt_interval(mean: float, half: float, n: int, bounded: bool = True, digits:
     return f"{s} ± {half:.{digits}f}"
 
 
+def no_verdict_reason(half: float, n: int) -> str:
+    """Why an interval over ``n`` seeds cannot carry a verdict ('' when it can)."""
+    if n < 2 or pd.isna(half):
+        return f"n = {n}: no interval"
+    if n < MIN_N:
+        return f"n = {n} < {MIN_N}: too few seeds for a verdict"
+    if half <= 0:
+        return "zero-width interval: every seed gave the same number"
+    return ""
+
+
 def verdict(mean: float, half: float, published: float, n: int = 2, margin: float = DEFAULT_MARGIN) -> str:
     """agrees within margin / differs (above|below) / inconclusive (module docstring); ``half`` is the
     95% half-width over ``n`` seeds, the 90% TOST interval is derived from it."""
     if pd.isna(mean) or n < 1:
         return NOT_RUN
-    if n < 2 or pd.isna(half):
-        return INCONCLUSIVE
+    why = no_verdict_reason(half, n)
+    if why:
+        return f"{INCONCLUSIVE} ({why})"
     delta = mean - published
     h90 = half * t_critical(n, 1 - 2 * TOST_ALPHA) / t_critical(n, CONFIDENCE)
     if -margin <= delta - h90 and delta + h90 <= margin and half <= margin:
