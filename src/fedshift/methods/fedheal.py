@@ -57,12 +57,12 @@ last update sizes, and under ``eval_models: local`` the pending global model
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import torch
 
 from ..engine.sampling import round_clients
-from .base import METHODS
+from .base import METHODS, ServerParams
 from .fedavg import ServerAveraging
 from .fpl import FPL
 
@@ -70,11 +70,10 @@ State = Dict[str, torch.Tensor]
 
 
 @dataclass(frozen=True)
-class FedHEALParams:
-    init: Literal["scratch", "base"] = "scratch"  # the authors' runs start from scratch
-    # global: score the round-end aggregate (FedHEAL utils/training.py:12-14); local: FCCL+ benchmark protocol
-    eval_models: Literal["global", "local"] = "global"
-    weighting: Literal["samples", "uniform"] = "samples"  # init: base only: how the BASE models average into the start
+class FedHEALParams(ServerParams):
+    # init scratch (the authors' runs); eval_models global (FedHEAL utils/training.py:12-14 scores the global
+    # model), local: FCCL+ benchmark protocol; weighting: only how init: base averages the BASE models (the
+    # round's weights are FedHEAL's own)
     threshold: float = 0.3  # consistency an entry needs to be kept (FedHEAL main.py:52, --threshold)
     beta: float = 0.4  # EMA rate of the fair weights (FedHEAL main.py:53, --beta)
 
@@ -225,10 +224,8 @@ class FedHEAL(ServerAveraging):
 
 
 @dataclass(frozen=True)
-class FPLHEALParams:
-    init: Literal["scratch", "base"] = "scratch"  # the authors' runs start from scratch
-    weighting: Literal["samples", "uniform"] = "samples"  # init: base only: how the BASE models average into the start
-    eval_models: Literal["global", "local"] = "global"  # as fedheal / fpl
+class FPLHEALParams(ServerParams):
+    # init, weighting (init: base only), eval_models: as fedheal
     tau: float = 0.02  # FPL's contrast temperature (RethinkFL main.py:55)
     threshold: float = 0.3  # FedHEAL main.py:52
     beta: float = 0.4  # FedHEAL main.py:53

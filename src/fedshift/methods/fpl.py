@@ -48,23 +48,21 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Literal, Mapping
+from typing import Any, Dict, Mapping
 
 import torch
 import torch.nn.functional as F
 
 from ..engine.sampling import round_clients
-from .base import METHODS
+from .base import METHODS, ServerParams
 from .fedavg import FedAvg
 from .prototypes import class_sums, fpl_prototype_loss, fpl_server_prototypes
 
 
 @dataclass(frozen=True)
-class FPLParams:
-    init: Literal["scratch", "base"] = "scratch"  # the authors' runs start from scratch
-    weighting: Literal["samples", "uniform"] = "samples"  # RethinkFL main.py:53 --averaing weight
-    # global: score the round-end average (RethinkFL utils/training.py:12-14); local: FCCL+ benchmark protocol
-    eval_models: Literal["global", "local"] = "global"
+class FPLParams(ServerParams):
+    # init scratch (the authors' runs); weighting samples (RethinkFL main.py:53 --averaing weight);
+    # eval_models global (RethinkFL utils/training.py:12-14 scores the global model); local: FCCL+ protocol
     tau: float = 0.02  # temperature of the cluster-prototype contrast (RethinkFL main.py:55, --infoNCET)
 
     def __post_init__(self):
