@@ -38,7 +38,8 @@ LAYERS = {
     "fedshift.methods": 5,
     "fedshift.runner": 6, "fedshift.resources": 6,
     "fedshift.experiments": 7,
-    "fedshift.cli": 8, "fedshift": 8,
+    "fedshift.tune": 8,
+    "fedshift.cli": 9, "fedshift": 9,
 }
 ENTRY = {"fedshift", "fedshift.cli"}  # the package and the console script: imported from outside
 

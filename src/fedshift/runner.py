@@ -48,7 +48,7 @@ from .errors import ConfigError, RunError
 from .methods import create_method
 from .models import create_model
 from .tracking import NullTracker
-from . import tune  # issue 36: early stopping and the validation score of tuning candidates
+from .engine import selection as tune  # issue 36: early stopping and the validation score of tuning candidates
 
 log = logging.getLogger(__name__)
 

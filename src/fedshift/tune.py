@@ -50,6 +50,8 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
+# early stopping and a candidate's score run inside the job (the runner, a lower layer, calls them there)
+from .engine.selection import global_metric, global_validation, score, should_stop  # noqa: F401
 from .errors import ConfigError
 
 # Validation metrics an evaluation writes (engine.h2l_metrics.validation_acc): the pooled ACC of
@@ -279,50 +281,6 @@ def write_candidate_configs(tp: TunePlan, results: str = "results") -> Dict[str,
 
 
 # ----------------------------------------------------------------------------- running
-def should_stop(history: Sequence[Mapping[str, float]], metric: str, patience: int) -> bool:
-    """Early stopping: ``patience`` evaluations in a row without a better ``metric`` (0: never)."""
-    if not patience or not history:
-        return False
-    vals = [h.get(metric, float("nan")) for h in history]
-    finite = [i for i, v in enumerate(vals) if math.isfinite(v)]
-    if not finite:
-        return False
-    best = max(finite, key=lambda i: (vals[i], -i))  # first maximum
-    return len(vals) - 1 - best >= patience
-
-
-def global_metric(cfg: Mapping[str, Any]) -> bool:
-    """A tuning candidate scored by the global model on pooled validation data (``global/val/top1``)."""
-    return "tune" in cfg and str(cfg["tune"]["metric"]).startswith("global/")
-
-
-def global_validation(fed, method, eng) -> Dict[str, float]:
-    """``global/val/top1``: the global model on every client's validation split pooled (the server-side
-    metric of FedMMD/FedFusion, on the holdout instead of the test set)."""
-    import torch
-
-    from .engine.evaluation import correct_topk
-    from .engine.sampling import global_model
-
-    xs, ys = zip(*(c.data.get("val") for c in fed.clients))
-    hits = correct_topk(global_model(fed, method), torch.cat(xs), torch.cat(ys), ks=(1,), batch=eng.eval_batch)
-    return {"global/val/top1": float(hits[1].float().mean())}
-
-
-def score(history: Sequence[Mapping[str, float]], rounds: Sequence[int], metric: str) -> Dict[str, Any]:
-    """A candidate run's validation score: the best ``metric`` over its evaluations (the round of the
-    model FLGo-Bench keeps), with that round's test headline for the record (never used to choose)."""
-    vals = [h.get(metric, float("nan")) for h in history]
-    finite = [i for i, v in enumerate(vals) if math.isfinite(v)]
-    if not finite:
-        return {"score": None, "best_round": None, "rounds_run": int(rounds[-1]) if rounds else 0}
-    best = max(finite, key=lambda i: (vals[i], -i))
-    h = history[best]
-    return {"score": float(vals[best]), "best_round": int(rounds[best]), "rounds_run": int(rounds[-1]),
-            "test_at_best": {k: float(h[k]) for k in ("avg/inter/top1", "avg/intra/top1") if k in h}}
-
-
-
 def run_candidate(cfg: Dict[str, Any], out_dir: Path, tracker=None, **kwargs) -> Dict[str, Any]:
     """A tuning candidate: an ordinary federated run; a non-finite loss or weight is recorded as
     ``diverged`` in its metrics.json (the workflow goes on; :func:`select` lists it as diverged)."""
