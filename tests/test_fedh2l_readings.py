@@ -45,11 +45,32 @@ def test_one_concatenated_pass_equals_per_peer_passes_only_without_batchnorm(nor
         assert float(torch.nn.functional.cosine_similarity(flat1, flat2, dim=0)) < 0.999
 
 
-def test_concat_and_per_peer_train_the_same_lenet(tiny_data):
-    a, _ = _run(tiny_data, {"mutual_forward": "per_peer"}, norm="none")
-    b, _ = _run(tiny_data, {"mutual_forward": "concat"}, norm="none")
+def _run64(tiny_data, params, monkeypatch, rounds=3):
+    """As :func:`_run`, in float64 (models doubled before setup, batches normalised in float64): two paths
+    that differ only in float32 summation order would otherwise drift apart through AMSGrad's division by
+    near-zero second moments by an amount that depends on the CPU's kernels (AVX2 vs AVX-512)."""
+    from fedshift.methods import fedh2l, stepwise
+
+    to64 = lambda x: (x.double() / 255.0 - 0.5) / 0.5  # noqa: E731  (data.loading.normalize in float64)
+    monkeypatch.setattr(stepwise, "normalize", to64)
+    monkeypatch.setattr(fedh2l, "normalize", to64)
+    fed = tiny_federation(tiny_data, LENET4, public_aug="none", norm="none")
+    for c in fed.clients:
+        c.model.double()
+    m = create_method("fedh2l", params)
+    m.setup(fed)
+    for r in range(1, rounds + 1):
+        fed.round = r
+        m.run_round(fed, r)
+    return fed
+
+
+def test_concat_and_per_peer_train_the_same_lenet(tiny_data, monkeypatch):
+    a = _run64(tiny_data, {"mutual_forward": "per_peer"}, monkeypatch)
+    b = _run64(tiny_data, {"mutual_forward": "concat"}, monkeypatch)
     for i in range(4):
-        torch.testing.assert_close(_params(a, i), _params(b, i), rtol=1e-4, atol=1e-6)
+        assert _params(a, i).dtype == torch.float64
+        torch.testing.assert_close(_params(a, i), _params(b, i), rtol=1e-9, atol=1e-11)
 
 
 def test_concat_is_refused_for_a_batchnorm_model(tiny_data):
