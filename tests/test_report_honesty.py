@@ -475,3 +475,17 @@ def test_fedh2l_quick_schedule_is_noted_and_unstated_rows_are_not_checked():
     args = ("fedh2l_table2", "fedh2l", "rotmnist_a15", "none", "homo_lenet", sched)
     assert pdl.schedule_differs(grid(500), *args) == "ours ran 500 of the paper's 10,000 rounds (fedh2l)"
     assert pdl.schedule_differs(grid(10000), *args) == ""
+
+
+def test_not_held_without_an_interval_is_inconclusive():
+    """Issue 39 item 2: "75.96 (n=1) > fedavg 77.28 (n=1): NO → NOT held" was a verdict from no interval.
+    A losing side with n = 1 (here FedMD, 50.0, against FedProx's five seeds at 70.0) is NOT held by the
+    means only; with n >= 3 on both sides and the intervals apart it is NOT held (CI-separated)."""
+    agg = pdl.aggregate(pdl.ours_long(runs(), last_k=3, targets=[]))
+    claim = dict(id="x", paper="fccl_plus", text="FedMD beats FedProx", metric="inter",
+                 compare=[["fedmd", "fedprox"]])
+    row = pdl.evaluate_claims([claim], agg, {}).iloc[0]
+    assert row["status"] == "NOT held" and pdl.claim_verdict(row) == pdl.NOT_MEANS_ONLY
+    claim["compare"] = [["fedavg", "fedprox"]]  # five seeds each, 50.0 vs 70.0, tight spreads
+    row = pdl.evaluate_claims([claim], agg, {}).iloc[0]
+    assert pdl.claim_verdict(row) == "NOT held (CI-separated)"
