@@ -8,6 +8,11 @@ from pathlib import Path
 import pytest
 
 os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
+# torch.compile's kernel cache, one per kernel set: a suite run with ATEN_CPU_CAPABILITY=avx2 on an AVX-512
+# machine (the other CPU kind of this project's machines) reused the default cache's kernels and failed inside
+# one ("index out of bounds"); with a cache of its own it passes (tests/test_levers.py).
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", os.path.join(
+    __import__("tempfile").gettempdir(), f"torchinductor_fedshift_{os.environ.get('ATEN_CPU_CAPABILITY', 'native')}"))
 os.environ.setdefault("FEDSHIFT_TRACKING", "none")
 
 REPO = Path(__file__).resolve().parents[1]
