@@ -45,15 +45,20 @@ def test_one_concatenated_pass_equals_per_peer_passes_only_without_batchnorm(nor
         assert float(torch.nn.functional.cosine_similarity(flat1, flat2, dim=0)) < 0.999
 
 
-def _run64(tiny_data, params, monkeypatch, rounds=3):
-    """As :func:`_run`, in float64 (models doubled before setup, batches normalised in float64): two paths
-    that differ only in float32 summation order would otherwise drift apart through AMSGrad's division by
-    near-zero second moments by an amount that depends on the CPU's kernels (AVX2 vs AVX-512)."""
+def _float64_batches(monkeypatch):
+    """The nodes' batches normalised in float64 (data.loading.normalize's arithmetic): with the models doubled
+    before setup, two paths that differ only in float32 summation order cannot drift apart through AMSGrad's
+    division by near-zero second moments, by an amount that depends on the CPU's kernels (AVX2 vs AVX-512)."""
     from fedshift.methods import fedh2l, stepwise
 
-    to64 = lambda x: (x.double() / 255.0 - 0.5) / 0.5  # noqa: E731  (data.loading.normalize in float64)
+    to64 = lambda x: (x.double() / 255.0 - 0.5) / 0.5  # noqa: E731
     monkeypatch.setattr(stepwise, "normalize", to64)
     monkeypatch.setattr(fedh2l, "normalize", to64)
+
+
+def _run64(tiny_data, params, monkeypatch, rounds=3):
+    """As :func:`_run`, in float64 (:func:`_float64_batches`)."""
+    _float64_batches(monkeypatch)
     fed = tiny_federation(tiny_data, LENET4, public_aug="none", norm="none")
     for c in fed.clients:
         c.model.double()
@@ -126,11 +131,8 @@ def test_fused_steps_of_the_nodes_equal_sequential(tiny_data, method, params, mo
     the tolerance.
     """
     from fedshift.engine import fused
-    from fedshift.methods import fedh2l, stepwise
 
-    to64 = lambda x: (x.double() / 255.0 - 0.5) / 0.5  # noqa: E731  (data.loading.normalize in float64)
-    monkeypatch.setattr(stepwise, "normalize", to64)
-    monkeypatch.setattr(fedh2l, "normalize", to64)
+    _float64_batches(monkeypatch)
 
     def run(mode):
         fed = tiny_federation(tiny_data, LENET4, public_aug="none", norm="none", fused_clients=mode)
