@@ -60,6 +60,18 @@ def round_clients(fed, r: int):
     return [fed.clients[i] for i in fed.sampled[r]]
 
 
+def write_sampled(fed, out_dir) -> None:
+    """``sampled.csv`` in ``out_dir``: the clients :func:`round_clients` drew in each round (nothing when
+    every client trains, or before any round ran)."""
+    from pathlib import Path
+
+    if fed is None or not fed.sampled:
+        return
+    lines = ["round,clients"] + [f"{r},{' '.join(fed.clients[i].name for i in idx)}"
+                                 for r, idx in sorted(fed.sampled.items())]
+    (Path(out_dir) / "sampled.csv").write_text("\n".join(lines) + "\n")
+
+
 def check_engine(method, cfg) -> None:
     """Fail early when the engine asks for sampling / a shared model from a method that cannot honour it."""
     # A method may say why it refuses (``per_client_state``: MOON's previous models, FedProc's prototypes).

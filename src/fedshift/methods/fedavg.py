@@ -44,7 +44,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import torch
 
 from ..engine.fused import fused_local_update, fused_round, masked_cross_entropy, use_fused
-from ..engine.sampling import round_clients, unique_models
+from ..engine.sampling import round_clients, unique_models, write_sampled
 from .base import METHODS, Method, ServerParams
 
 
@@ -211,14 +211,7 @@ class ServerAveraging(Method):
 
     def artifacts(self, out_dir) -> None:
         """``sampled.csv``: the clients sampled in each round (absent when every client trains)."""
-        fed = getattr(self, "_fed", None)
-        if fed is None or not fed.sampled:
-            return
-        from pathlib import Path
-
-        lines = ["round,clients"] + [f"{r},{' '.join(fed.clients[i].name for i in idx)}"
-                                     for r, idx in sorted(fed.sampled.items())]
-        (Path(out_dir) / "sampled.csv").write_text("\n".join(lines) + "\n")
+        write_sampled(getattr(self, "_fed", None), out_dir)
 
 
 @METHODS.register("fedavg")

@@ -64,7 +64,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.loading import normalize
-from ..engine.sampling import round_clients
+from ..engine.sampling import round_clients, write_sampled
 from .base import METHODS, Method
 from .prototypes import class_sums, mean_prototypes, pool_to, proto_mse_loss
 
@@ -181,11 +181,4 @@ class FedProto(Method):
 
     def artifacts(self, out_dir) -> None:
         """``sampled.csv``: the clients sampled in each round (absent when every client trains)."""
-        fed = getattr(self, "_fed", None)
-        if fed is None or not fed.sampled:
-            return
-        from pathlib import Path
-
-        lines = ["round,clients"] + [f"{r},{' '.join(fed.clients[i].name for i in idx)}"
-                                     for r, idx in sorted(fed.sampled.items())]
-        (Path(out_dir) / "sampled.csv").write_text("\n".join(lines) + "\n")
+        write_sampled(getattr(self, "_fed", None), out_dir)
