@@ -10,11 +10,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedshift.engine import checkpoint
 from fedshift.methods import create_method
 from fedshift.methods.fedheal import consistency_mask, fair_weights, masked_aggregate, update_size
 
-from helpers import synthetic_federation, tiny_federation
+from helpers import resumed_round_three, synthetic_federation, tiny_federation
 
 DT = torch.float64
 
@@ -176,23 +175,7 @@ def test_restored_from_state_dict_round_three_is_bit_identical(tiny_data, tmp_pa
         method.setup(fed)
         return fed, method
 
-    fed, method = build()
-    for r in (1, 2):
-        fed.round = r
-        method.run_round(fed, r)
-    path = tmp_path / "state.pt"
-    torch.save(checkpoint.federation_state(fed, method), path)
-    fed.round = 3
-    straight = method.run_round(fed, 3)
-    fed2, method2 = build()
-    fed2.round = 1
-    method2.run_round(fed2, 1)
-    checkpoint.restore_federation(fed2, method2, torch.load(path, weights_only=True))
-    fed2.round = 3
-    assert method2.run_round(fed2, 3) == straight
-    for c1, c2 in zip(fed.clients, fed2.clients):
-        s1, s2 = c1.model.state_dict(), c2.model.state_dict()
-        assert all(torch.equal(s1[k], s2[k]) for k in s1), c1.name
+    (_, method), (_, method2) = resumed_round_three(build, tmp_path / "state.pt")
     assert method.prev_w == method2.prev_w and method.count == method2.count
     if params:  # eval_models: local keeps the next round's start aside
         assert all(torch.equal(method.pending[k], method2.pending[k]) for k in method.pending)

@@ -14,11 +14,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedshift.engine import checkpoint
 from fedshift.methods import create_method
 from fedshift.methods import prototypes as P
 
-from helpers import synthetic_federation, tiny_federation
+from helpers import resumed_round_three, synthetic_federation, tiny_federation
 
 DT = torch.float64
 
@@ -276,25 +275,7 @@ def test_restored_from_state_dict_round_three_is_bit_identical(tiny_data, tmp_pa
         method.setup(fed)
         return fed, method
 
-    fed, method = build()
-    for r in (1, 2):
-        fed.round = r
-        method.run_round(fed, r)
-    path = tmp_path / "state.pt"
-    torch.save(checkpoint.federation_state(fed, method), path)
-    fed.round = 3
-    straight = method.run_round(fed, 3)
-
-    fed2, method2 = build()
-    fed2.round = 1
-    method2.run_round(fed2, 1)  # move every state away from the restored one first
-    checkpoint.restore_federation(fed2, method2, torch.load(path, weights_only=True))
-    fed2.round = 3
-    resumed = method2.run_round(fed2, 3)
-    assert resumed == straight
-    for c1, c2 in zip(fed.clients, fed2.clients):
-        s1, s2 = c1.model.state_dict(), c2.model.state_dict()
-        assert all(torch.equal(s1[k], s2[k]) for k in s1), c1.name
+    (fed, method), (fed2, method2) = resumed_round_three(build, tmp_path / "state.pt")
     assert torch.equal(method.protos, method2.protos) and torch.equal(method.present, method2.present)
     if name == "fedtgp":
         assert all(torch.equal(a, b) for a, b in zip(method.tgp.state_dict().values(), method2.tgp.state_dict().values()))

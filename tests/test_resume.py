@@ -20,7 +20,7 @@ from fedshift import runner
 from fedshift.engine import checkpoint
 from fedshift.experiments import load_experiments
 
-from helpers import tiny_federation
+from helpers import resumed_round_three, tiny_federation
 
 DATA = {"scenarios": {"rotmnist": {}}, "public": {"photo_patches": {}}}
 ROUNDS = 6
@@ -187,25 +187,7 @@ def test_method_restored_from_state_dict_behaves_identically(tiny_data, tmp_path
         method.setup(fed)
         return fed, method
 
-    fed, method = build()
-    for r in (1, 2):
-        fed.round = r
-        method.run_round(fed, r)
-    path = tmp_path / "state.pt"
-    torch.save(checkpoint.federation_state(fed, method), path)
-    fed.round = 3
-    straight = method.run_round(fed, 3)
-
-    fed2, method2 = build()
-    fed2.round = 1
-    method2.run_round(fed2, 1)  # move every state away from the restored one first
-    checkpoint.restore_federation(fed2, method2, torch.load(path, weights_only=True))
-    fed2.round = 3
-    resumed = method2.run_round(fed2, 3)
-    assert resumed == straight
-    for c1, c2 in zip(fed.clients, fed2.clients):
-        s1, s2 = c1.model.state_dict(), c2.model.state_dict()
-        assert all(torch.equal(s1[k], s2[k]) for k in s1), (name, c1.name)
+    resumed_round_three(build, tmp_path / "state.pt")
 
 
 def test_interrupted_pretrain_resumes_bit_identically(tiny_data, tmp_path, monkeypatch):
