@@ -104,3 +104,23 @@ def resumed_round_three(build, path):
         s1, s2 = c1.model.state_dict(), c2.model.state_dict()
         assert all(torch.equal(s1[k], s2[k]) for k in s1), (method.name, c1.name)
     return (fed, method), (fed2, method2)
+
+
+def pipeline_copy(root, data, grid):
+    """A scratch copy of the pipeline files in ``root`` (created): dvc.yaml, .dvcignore, environment.yml,
+    workflow/, and params/data.yaml + params/experiments.yaml holding ``data`` and ``grid``."""
+    import shutil
+    from pathlib import Path
+
+    import yaml
+
+    repo = Path(__file__).resolve().parents[1]
+    root = Path(root)
+    root.mkdir()
+    for name in ("dvc.yaml", ".dvcignore", "environment.yml"):
+        shutil.copy(repo / name, root / name)
+    shutil.copytree(repo / "workflow", root / "workflow", ignore=shutil.ignore_patterns(".snakemake"))
+    (root / "params").mkdir()
+    (root / "params/data.yaml").write_text(yaml.safe_dump(data))
+    (root / "params/experiments.yaml").write_text(yaml.safe_dump(grid))
+    return root

@@ -20,7 +20,7 @@ import torch
 import yaml
 
 from conftest import REPO
-from helpers import tiny_federation
+from helpers import pipeline_copy, tiny_federation
 
 from fedshift.errors import ConfigError
 from fedshift.registry import Registry
@@ -235,14 +235,7 @@ def test_plugin_installed_by_pip_runs_through_snakemake_resumes_and_reports(tmp_
 
     # the pipeline files; the data are the real stages' outputs of the session's tiny build
     # (the DVC stages themselves are tested in test_workflow.py), so Snakemake's dvc rule has nothing to do
-    root = tmp_path / "project"
-    root.mkdir()
-    for name in ("dvc.yaml", ".dvcignore", "environment.yml"):
-        shutil.copy(REPO / name, root / name)
-    shutil.copytree(REPO / "workflow", root / "workflow", ignore=shutil.ignore_patterns(".snakemake"))
-    (root / "params").mkdir()
-    (root / "params/experiments.yaml").write_text(yaml.safe_dump(TINY_GRID))
-    (root / "params/data.yaml").write_text(yaml.safe_dump(TINY_DATA))
+    root = pipeline_copy(tmp_path / "project", TINY_DATA, TINY_GRID)
     for part in ("partitions/rotmnist", "public/photo_patches"):
         shutil.copytree(tiny_data / part, root / "build" / part)
     _run("git init -q .", root, env)

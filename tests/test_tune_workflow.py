@@ -7,13 +7,13 @@ and the report is left out, to keep the test short; test_tune.py covers the repo
 from __future__ import annotations
 
 import os
-import shutil
 
 import pandas as pd
 import pytest
 import yaml
 
 from conftest import REPO
+from helpers import pipeline_copy
 from test_workflow import run
 
 pytestmark = pytest.mark.slow
@@ -29,14 +29,7 @@ GRID = {"engine": {"rounds": 2, "local_epochs": 1, "local_batch": 32, "device": 
 def test_tune_then_run_end_to_end(tiny_data, tmp_path):
     from fedshift.data import build
 
-    root = tmp_path / "project"
-    root.mkdir()
-    for name in ("dvc.yaml", ".dvcignore", "environment.yml"):
-        shutil.copy(REPO / name, root / name)
-    shutil.copytree(REPO / "workflow", root / "workflow", ignore=shutil.ignore_patterns(".snakemake"))
-    (root / "params").mkdir()
-    (root / "params/data.yaml").write_text(yaml.safe_dump(DATA))
-    (root / "params/experiments.yaml").write_text(yaml.safe_dump(GRID))
+    root = pipeline_copy(tmp_path / "project", DATA, GRID)
     (root / "src").mkdir()
     os.symlink(REPO / "src/fedshift", root / "src/fedshift")
     (root / "data").mkdir()
