@@ -138,12 +138,6 @@ def _slug(*parts: str) -> str:
     return "__".join(str(p) for p in parts)
 
 
-def interval_coverage(runs: pd.DataFrame) -> str:
-    from .paper_delta import interval_coverage as cover
-
-    return cover(runs)
-
-
 def mixed_protocols(runs: pd.DataFrame) -> List[str]:
     """A warning line when the server-averaging rows of one table were scored under different
     ``eval_models`` / ``weighting`` (e.g. a plugin under McMahan's protocol beside FedAvg under the FCCL+
@@ -164,6 +158,8 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
     df = pd.read_csv(runs_csv)
     report_cfg = report_cfg or {}
     written: List[Path] = []
+    from .paper_delta import interval_coverage  # what the intervals cover, said once for every section
+
     with atomic_dir(Path(out_dir)) as tmp:
         full, df = df, df[df["kind"] != "global"]  # global-model rows: report/rounds.py
         head = headline_frame(df, last_k) if len(df) else pd.DataFrame(
