@@ -852,8 +852,8 @@ def schedule_differs(runs: pd.DataFrame, source: str, paper: str, our_scenario: 
         return ""
     ran = g.groupby(["method", "seed"])["round"].max().groupby(level="method").min()
     for method, ours in ran.items():
-        key = next((k for k in (method, g.loc[g["method"] == method, "base_method"].iloc[0]) if k in per_method),
-                   None) if "base_method" in g.columns else (method if method in per_method else None)
+        names = [method] + (list(g.loc[g["method"] == method, "base_method"].iloc[:1]) if "base_method" in g else [])
+        key = next((k for k in names if k in per_method), None)  # a variant falls back on its base method's entry
         want = per_method[key] if key is not None else theirs.get("rounds")
         if isinstance(want, bool) or not isinstance(want, int):
             continue  # the paper states no number for this row
