@@ -342,3 +342,41 @@ def test_scenario_defaults_are_the_authors_tuned_values():
     assert (pacs.lmbd, pacs.tau, pacs.beta) == (0.5, 0.5, 0.001)
     d = resolve_method_params("fdse", scenario="digits")
     assert (d.lmbd, d.tau, d.beta, d.ratio, d.dw_size) == (0.01, 0.5, 0.1, 2, 3)
+
+
+def test_engine_refusals_are_one_line_naming_the_method():
+    """Fused clients: a custom round (no fused objective); server_model: a model per participant; sampling
+    only under eval_models: global (the local protocol scores each participant's own trained model)."""
+    from fedshift.engine.config import EngineConfig
+    from fedshift.engine.fused import fusion_obstacle
+    from fedshift.engine.sampling import check_engine
+    from fedshift.errors import ConfigError
+
+    m = create_method("fdse")
+    why = fusion_obstacle(m, ["lenet"] * 2, [create_model("lenet", 10, 1, norm="group")])
+    assert why and "fdse" in why
+    for cfg, match in [(EngineConfig(device="cpu", server_model=True), "engine.server_model: method 'fdse'"),
+                       (EngineConfig(device="cpu", clients_per_round=1), "clients_per_round/client_fraction")]:
+        with pytest.raises(ConfigError, match=match) as e:
+            check_engine(m, cfg)
+        assert "\n" not in str(e.value) and "domain-skew erasers" in str(e.value)
+    check_engine(create_method("fdse", {"eval_models": "global"}), EngineConfig(device="cpu", clients_per_round=1))
+
+
+def test_real_job_interrupted_in_round_three_resumes_bit_identically(tiny_data, tmp_path, monkeypatch):
+    """A real federate job (rotmnist, homo_lenet: the offline grid's setting) interrupted inside round 3
+    and rerun ends equal to a straight run: the decomposition in setup() and the restored weights agree."""
+    from fedshift import runner
+    from fedshift.experiments import load_experiments
+    from fedshift.methods.fdse import FDSE
+    from test_resume import DATA, _interrupt_and_resume, _same_run
+
+    exp = {"engine": {"rounds": 3, "local_epochs": 1, "local_batch": 32, "device": "cpu", "checkpoint_min_s": 0,
+                      "threads": 1, "eval_batch": 512},
+           "grid": [{"scenarios": ["rotmnist"], "methods": ["fdse"], "structures": ["homo_lenet"]}]}
+    (cfg,) = load_experiments(exp, DATA, results=str(tmp_path / "results"), build=str(tiny_data)).federate.values()
+    ref, out = tmp_path / "ref", tmp_path / "out"
+    runner.run_federate(cfg, ref)
+    _interrupt_and_resume(monkeypatch, cfg, FDSE, out)
+    _, timings = _same_run(ref, out, ("rounds.csv",))
+    assert timings["resumed_after_rounds"] == [2]
