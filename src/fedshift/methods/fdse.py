@@ -139,7 +139,7 @@ class DSEConv2d(nn.Module):
         super().__init__()
         self.oup, self.ratio = conv.out_channels, ratio
         init, new = _split_channels(conv.out_channels, ratio)
-        kw = dict(device=conv.weight.device, dtype=conv.weight.dtype)
+        kw = dict(dtype=conv.weight.dtype)  # built on the CPU (its RNG), moved by decompose()
         self.dfe_conv = nn.Conv2d(conv.in_channels, init, conv.kernel_size, conv.stride, conv.padding,
                                   conv.dilation, bias=True, **kw)
         self.dse_bn = nn.BatchNorm2d(init, **kw)
@@ -162,7 +162,7 @@ class DSELinear(nn.Module):
         super().__init__()
         self.oup, self.ratio = lin.out_features, ratio
         init, new = _split_channels(lin.out_features, ratio)
-        kw = dict(device=lin.weight.device, dtype=lin.weight.dtype)
+        kw = dict(dtype=lin.weight.dtype)
         self.dfe_conv = nn.Conv2d(lin.in_features, init, 1, bias=True, **kw)
         self.dse_bn = nn.BatchNorm2d(init, **kw)
         self.dse_conv = nn.Conv2d(init, new, dw_size, 1, dw_size // 2, groups=init, bias=False, **kw)
@@ -192,9 +192,9 @@ def decompose(model: nn.Module, ratio: int = 2, dw_size: int = 3, dfe_bn: str = 
             followed = isinstance(nxt, nn.modules.batchnorm._BatchNorm)
             add = dfe_bn == "always" or (dfe_bn == "auto" and not followed)
             if isinstance(child, nn.Conv2d) and child.groups == 1:
-                setattr(parent, name, DSEConv2d(child, ratio, dw_size, add))
+                setattr(parent, name, DSEConv2d(child, ratio, dw_size, add).to(child.weight.device))
             elif isinstance(child, nn.Linear) and full != "head":
-                setattr(parent, name, DSELinear(child, ratio, 1, add))
+                setattr(parent, name, DSELinear(child, ratio, 1, add).to(child.weight.device))
             else:
                 visit(child, full + ".")
                 continue
@@ -341,8 +341,10 @@ class FDSE(Method):
         self._fed = fed
         self._device = fed.device
         self.layers: Dict[str, List[nn.Module]] = {}
+        # the new layers' initialisation draws from the CPU generator only (whatever the device), from
+        # the run's seed, and leaves every generator of the engine where it was
         with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(fed.seed)
+            torch.random.default_generator.manual_seed(fed.seed)
             for c in fed.clients:
                 self.layers[c.name] = decompose(c.model, self.p.ratio, self.p.dw_size, self.p.dfe_bn)
         state = fed.clients[0].model.state_dict()
