@@ -173,14 +173,18 @@ class RefFDSE:
         self.lmbd, self.tau, self.beta = lmbd, tau, beta
         self.models = {n: copy.deepcopy(model) for n in names}
         sd = model.state_dict()
-        self.shared_keys = [k for k in sd if "dfe" in k or "head" in k]
+        # official: "dfe" or "head" (:98); a host BatchNorm serving as the DFE BatchNorm is shared likewise
+        host_bn = [n for n, mod in model.named_modules() if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm)
+                   and not n.endswith("dse_bn") and not n.endswith("dfe_bn")]
+        self.shared_keys = [k for k in sd if "dfe" in k or "head" in k or k.rsplit(".", 1)[0] in host_bn]
         self.local_keys = [k for k in sd if "dse_bn.running_" in k or "dse_bn.num_batches" in k]
         self.per_keys = [k for k in sd if k not in self.shared_keys and k not in self.local_keys]
         self.server = {k: sd[k].clone() for k in self.shared_keys}
         self.states = {n: {k: sd[k].clone() for k in self.per_keys} for n in names}
 
     def train(self, model, data, gen, r, epochs, batch, lr):
-        layers = [mod for name, mod in model.named_modules() if name.endswith("dfe_bn")]
+        layers = [mod for name, mod in model.named_modules()  # the DFE BatchNorms: added, or the host's
+                  if isinstance(mod, torch.nn.modules.batchnorm._BatchNorm) and not name.endswith("dse_bn")]
         gm = [l.running_mean.detach().clone() for l in layers]
         gv = [l.running_var.detach().clone() for l in layers]
         wts = np.exp(np.array([self.beta * i for i in range(len(layers))]))
@@ -249,12 +253,14 @@ class RefFDSE:
                 self.states[name][k] = sum(wi * md[k] for wi, md in zip(w, mdicts))
 
 
-@pytest.mark.parametrize("protocol,sampled", [("local", 0), ("global", 2)], ids=["local", "global_sampled"])
-def test_three_rounds_in_float64_equal_the_reimplementation(monkeypatch, protocol, sampled):
+@pytest.mark.parametrize("protocol,sampled,norm", [("local", 0, "default"), ("global", 2, "default"),
+                                                   ("local", 0, "batch")],
+                         ids=["local", "global_sampled", "host_batchnorm"])
+def test_three_rounds_in_float64_equal_the_reimplementation(monkeypatch, protocol, sampled, norm):
     from fedshift.engine import federation
     monkeypatch.setattr(federation, "normalize", _norm64)
     fed = synthetic_federation(3, per_client=10, server_model=False, local_batch=5, local_epochs=1, lr=0.05,
-                               momentum=0.0, clients_per_round=sampled)
+                               momentum=0.0, clients_per_round=sampled, norm=norm)
     p = {"lmbd": 0.05, "tau": 0.5, "beta": 0.05, "eval_models": protocol}
     m = create_method("fdse", p)
     m.setup(fed)
@@ -263,6 +269,9 @@ def test_three_rounds_in_float64_equal_the_reimplementation(monkeypatch, protoco
     m.shared = {k: v.double() for k, v in m.shared.items()}
     m.personal = {n: {k: v.double() for k, v in s.items()} for n, s in m.personal.items()}
     ref = RefFDSE(copy.deepcopy(fed.clients[0].model), [c.name for c in fed.clients], 0.05, 0.5, 0.05)
+    names = [n for n, _ in fed.clients[0].model.named_modules()]
+    # LeNet with BatchNorm: its convs' own BatchNorms are their DFE BatchNorms, its linear layers get one
+    assert sum(n.endswith("dfe_bn") for n in names) == (2 if norm == "batch" else 4)
     gens = [torch.Generator().set_state(c.generator.get_state()) for c in fed.clients]
     for r in (1, 2, 3):
         fed.round = r
