@@ -2,9 +2,9 @@
 arXiv:2503.13063), on fedshift's homogeneous models.
 
 Every convolution and every hidden linear layer is decomposed (:func:`decompose`) into a
-*domain-free extractor* (DFE: a convolution to ``ceil(out / ratio)`` channels and a bias) and a
-*domain-skew eraser* (DSE: a BatchNorm and a depthwise convolution making the remaining
-channels from the DFE's, concatenated with them). The server
+*domain-agnostic feature extractor* (DFE: a convolution to ``ceil(out / ratio)`` channels and a
+bias) and a *domain-specific skew eraser* (DSE: a BatchNorm and a depthwise convolution making the
+remaining channels from the DFE's, concatenated with them) (the paper's abstract). The server
 
 * aggregates the DFE parameters (and everything else that is not DSE: the host's BatchNorm
   affine parameters, the classifier) *fairly*: per tensor, the participants' updates are
@@ -87,7 +87,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence
+from typing import Any, Dict, List, Literal, Mapping, Sequence
 
 import numpy as np
 import torch
@@ -117,7 +117,8 @@ class FDSEParams(ServerParams):
             raise ValueError("fdse decomposes every layer: it starts from scratch only (init: base has no "
                              "checkpoint of the decomposed layers)")
         if self.lmbd < 0 or self.tau <= 0 or self.ratio < 1 or self.dw_size < 1 or self.dw_size % 2 == 0:
-            raise ValueError(f"fdse needs lmbd >= 0, tau > 0, ratio >= 1 and an odd dw_size >= 1, got lmbd={self.lmbd}, "
+            raise ValueError(f"fdse needs lmbd >= 0, tau > 0, ratio >= 1 and an odd dw_size >= 1, "
+                             f"got lmbd={self.lmbd}, "
                              f"tau={self.tau}, ratio={self.ratio}, dw_size={self.dw_size}")
 
 
