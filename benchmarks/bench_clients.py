@@ -178,7 +178,9 @@ def main() -> None:
                        "--device", args.device]
                 out = subprocess.run(cmd, capture_output=True, text=True)
                 if out.returncode:
-                    last = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
+                    tail = out.stderr.strip().splitlines() or ["(no output)"]
+                    last = tail[-1]
+                    print("\n".join(tail[-15:]), file=sys.stderr, flush=True)  # the traceback, for the log
                     print(f"| {k} | | {th} | {path} | failed: {last} | | | | |", flush=True)
                     continue
                 r = json.loads(out.stdout.strip().splitlines()[-1])

