@@ -24,10 +24,11 @@ SCALE=${GPU_SESSION_LIMIT_SCALE:-1}  # every step's limits x SCALE (a CPU smoke 
 PY=${PYTHON:-python3}
 if [ "${GPU_SESSION_QUICK:-0}" = 1 ]; then  # tiny sizes: a CPU smoke test of every step
   DIGITS=(--quick --archs resnet10 mobilenet_v2); CLIENTS=(--clients 10 100 --threads 1 --rounds 1); H2L_ROUNDS=5
-  STEP_MODELS=(lenet:10)
+  STEP_MODELS=(lenet:10); CLIENTS_ALL=(--clients 20 --threads 1 --rounds 1)
 else
   DIGITS=(); CLIENTS=(--clients 10 100 1000 --threads 4 --rounds 3); H2L_ROUNDS=${GPU_SESSION_H2L_ROUNDS:-1000}
   STEP_MODELS=(resnet10:128 mobilenet_v2:128 efficientnet_b0:128 resnet12:128)
+  CLIENTS_ALL=(--clients 100 1000 --threads 4 --rounds 2)
 fi
 exec > >(tee -a "$OUT/session.log") 2>&1
 
@@ -69,6 +70,9 @@ lever 1_digits_round.md 100 30 eager
 # 2. Fused vs sequential clients at 10 / 100 / 1,000 clients (6 processes, ~70 s).
 step "clients sequential vs fused" 130 30 2_clients.md "$PY" benchmarks/bench_clients.py --device "$DEVICE" \
   "${CLIENTS[@]}"
+# 2'. Every client trained every round (C = 1): 100 / 1,000 clients fused at once (4 processes, ~45 s).
+step "clients sequential vs fused, C = 1" 90 30 2_clients.md "$PY" benchmarks/bench_clients.py --device "$DEVICE" \
+  "${CLIENTS_ALL[@]}" --fraction 1.0
 # 1'. Every non-compile GPU lever at once (~45-60 s: cuDNN autotuning and graph capture in the warm-up).
 lever 1_digits_round.md 100 40 overlap+graphs+amp+cudnn
 # 3. FedH2L Table II run (rotmnist_a10, four LeNet nodes), fused nodes vs one after another (~30 s each);
@@ -78,13 +82,14 @@ for f in on off; do
   step "fedh2l $H2L_ROUNDS rounds, fused_clients $f" 75 20 3_fedh2l.md "$PY" benchmarks/gpu_session.py fedh2l \
     "$H2L_ROUNDS" "$f"
 done
-# 5a. The two levers most likely to become GPU defaults, alone (~30 s each).
-for l in cuda_graphs amp=auto; do lever 5_digits_levers.md 70 30 "$l"; done
+# 5a. CUDA graphs alone, the lever most likely to become a GPU default (~35 s).
+lever 5_digits_levers.md 70 30 cuda_graphs
 # 4. torch.compile + CUDA graphs (reduce-overhead) per architecture: one training step at the local
 #    batch, eager vs compiled, a row per model as it finishes (compilation ~20-60 s per model).
 step "compile per architecture" 130 45 4_compile.md "$PY" benchmarks/bench_gpu.py --device "$DEVICE" \
   --tables steps --step-models "${STEP_MODELS[@]}" --step-n 20 --step-reps 3
 # 5b. The other levers alone, while time lasts (~30-60 s each).
+lever 5_digits_levers.md 70 30 amp=auto
 lever 5_digits_levers.md 70 30 overlap
 lever 5_digits_levers.md 80 40 cudnn_benchmark
 lever 5_digits_levers.md 70 30 amp=bf16
