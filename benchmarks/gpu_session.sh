@@ -10,6 +10,13 @@
 # said in its header); step 3 needs build/partitions/rotmnist_a10 (skipped, with one line, without).
 # Carry both to the GPU node. Needs no mlflow, snakemake, dvc, jsonschema or mlxtend.
 #
+# Budget (H100 estimates; limits in the calls below): env 10 s, digits eager 30, clients C = 0.1 70,
+# clients C = 1 45, digits all non-compile levers 50, FedH2L fused 30 + sequential 35, digits
+# cuda_graphs 35, compile per architecture up to 130: ~420 s. The rest (amp=auto, overlap,
+# cudnn_benchmark, amp=bf16, the whole round compiled) runs only if time is left (each step is
+# skipped, with one line, when less than its minimum is left). A step cut at its limit still
+# leaves what it printed.
+#
 # Files under $OUT (at most 8): session.log (everything), 0_env.txt, 1_digits_round.md,
 # 2_clients.md, 3_fedh2l.md, 4_compile.md, 5_digits_levers.md.
 set -u
@@ -101,7 +108,9 @@ lever 4_compile.md 200 120 compile+graphs
 echo "== summary: the step lines, each lever's phases and paper round, the clients and FedH2L rows"
 grep -h "^== \|^| phase\|^| collaborative\|^| local (1\|^| evaluation |\|^| paper round\|^| warm-up\|^| peak GPU" \
   "$OUT"/[1-5]_*.md 2>/dev/null | grep -v "^== summary"
+grep -h "^| local, " "$OUT"/[15]_*.md 2>/dev/null
 grep -h "^| [0-9]" "$OUT/2_clients.md" 2>/dev/null
+grep -h "^| model \|^| [a-z_0-9]* | [0-9]" "$OUT/4_compile.md" 2>/dev/null
 grep -h "^fedh2l on\|^peak GPU" "$OUT/3_fedh2l.md" 2>/dev/null
 echo "== total $SECONDS s of the ${BUDGET} s budget"
 ls -la "$OUT"
