@@ -49,6 +49,60 @@ def test_proto_mse_loss_as_the_official_code_computes_it():
     assert torch.all(t.grad[[2, 4]] == 0) and torch.all(t.grad[[0, 1, 3]] != 0)
 
 
+def test_proto_paper_loss_is_the_printed_distance_between_prototypes():
+    """reg_form: paper: sum over the batch's classes with a global prototype of ||mean of the batch's
+    reps of the class - global prototype||_2 (unsquared), checked with a float64 numpy loop and a hand value."""
+    r = np.random.default_rng(1)
+    rep, protos = r.normal(size=(7, 4)), r.normal(size=(5, 4))
+    y = np.array([0, 2, 3, 2, 1, 0, 0])
+    present = np.array([True, True, False, True, True])  # class 2 (two samples) has no global prototype
+    ref = 0.0
+    for c in range(5):
+        rows = [rep[i] for i in range(7) if y[i] == c]
+        if rows and present[c]:  # class 4: a global prototype, no sample in the batch: adds 0
+            ref += math.sqrt(sum((v - protos[c][k]) ** 2 for k, v in enumerate(np.mean(rows, axis=0))))
+    got = P.proto_paper_loss(torch.tensor(rep), torch.tensor(y), torch.tensor(protos), torch.tensor(present))
+    assert got.dtype == DT and got.item() == pytest.approx(ref, rel=1e-12)
+    # hand value: class 0 from samples (1, 2) and (3, 2) -> mean (2, 2), prototype (5, 6): ||(-3, -4)|| = 5;
+    # class 1 from (0, 1), prototype (0, 1): 0
+    hand = P.proto_paper_loss(torch.tensor([[1.0, 2.0], [3.0, 2.0], [0.0, 1.0]], dtype=DT), torch.tensor([0, 0, 1]),
+                              torch.tensor([[5.0, 6.0], [0.0, 1.0]], dtype=DT), torch.tensor([True, True]))
+    assert hand.item() == 5.0
+    # no class with a prototype in the batch: 0
+    none = P.proto_paper_loss(torch.tensor(rep[:1]), torch.tensor([2]), torch.tensor(protos), torch.tensor(present))
+    assert none.item() == 0.0
+    # gradients: only rows of classes with a prototype, finite where a class mean sits on its prototype
+    t = torch.tensor([[1.0, 2.0], [3.0, 2.0], [0.0, 1.0], [7.0, 7.0]], dtype=DT, requires_grad=True)
+    P.proto_paper_loss(t, torch.tensor([0, 0, 1, 2]), torch.tensor([[5.0, 6.0], [0.0, 1.0], [0.0, 0.0]], dtype=DT),
+                       torch.tensor([True, True, False])).backward()
+    g = t.grad.numpy()
+    # d/drow ||mean - p|| = (mean - p) / ||mean - p|| / n_class = (-0.6, -0.8) / 2
+    np.testing.assert_allclose(g[:2], [[-0.3, -0.4], [-0.3, -0.4]], rtol=1e-12)
+    assert np.all(np.isfinite(g)) and np.all(g[3] == 0)
+
+
+def test_reg_form_selects_the_regulariser(tiny_data):
+    """fedproto's reg_form: code (default) adds lamda * proto_mse_loss, paper lamda * proto_paper_loss."""
+    fed = tiny_federation(tiny_data, ("lenet", "lenet"))
+    x, y = fed.clients[0].data.get("private")
+    x, y = x[:8].float() / 255, y[:8]
+    losses = {}
+    for form in ("code", "paper"):
+        m = create_method("fedproto", {"reg_form": form, "lamda": 3.0})
+        m.setup(fed)
+        m.protos = torch.randn(10, m.dim, generator=torch.Generator().manual_seed(0))
+        m.present = torch.arange(10) % 2 == 0
+        with torch.no_grad():
+            got = m.local_loss(fed, fed.clients[0], x, y, 0)
+            h, logits = fed.clients[0].model.forward_with_features(x)
+        reg = (P.proto_paper_loss if form == "paper" else P.proto_mse_loss)(m.rep(h), y, m.protos, m.present)
+        assert reg.item() > 0
+        torch.testing.assert_close(got, F.cross_entropy(logits, y) + 3.0 * reg, rtol=0, atol=0)
+        losses[form] = got.item()
+    assert losses["code"] != losses["paper"]
+    assert create_method("fedproto").p.reg_form == "code"
+
+
 def test_pool_to_is_adaptive_average_pooling():
     """Window i of an adaptive pool from L to n: entries floor(i L / n) .. ceil((i+1) L / n) - 1."""
     h = torch.arange(14, dtype=DT).reshape(2, 7)

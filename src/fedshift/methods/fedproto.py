@@ -44,8 +44,17 @@ Differs (and why):
   Not switchable here (an engine-level change).
 * the local optimiser is the engine's (Adam by default; HtFLlib: SGD, ``clientproto.py:23``;
   set ``engine.optimizer: sgd``, ``momentum: 0`` for theirs).
-* the FedProto paper writes the regulariser on prototypes, ``sum_j ||C_i^(j) - C^(j)||``;
-  fedshift follows the code (per-sample MSE). No switch yet.
+* the regulariser, ``reg_form``. The FedProto paper writes it on prototypes,
+  ``sum_j ||C_i^(j) - C^(j)||_2`` (local prototype of class j against the global one); both
+  official codes compute the per-sample ``MSELoss(proto_new, rep)`` instead: the paper's own code
+  (yuetan031/FedProto 97e42e27, ``lib/update.py:161-173``, ``loss = loss1 + loss2 * args.ld``) and
+  HtFLlib's (``clientproto.py:47-53``). ``reg_form: code`` (default) is that MSE
+  (:func:`~fedshift.methods.prototypes.proto_mse_loss`): it is what produced the paper's tables
+  and HtFLlib's numbers. ``reg_form: paper`` is the equation as printed, per batch
+  (:func:`~fedshift.methods.prototypes.proto_paper_loss`: the batch's class means against the
+  global prototypes, unsquared L2, summed over the batch's classes that have one); no published
+  number was produced with it. Its scale differs (a sum of norms, not a mean of squares), so
+  ``lamda`` does not carry over between the two.
 
 Fused clients (``engine.fused_clients``) are refused by name (no fused objective: the
 regulariser reads per-client prototype state), as are ``engine.server_model`` and
@@ -66,7 +75,7 @@ import torch.nn.functional as F
 from ..data.loading import normalize
 from ..engine.sampling import round_clients, write_sampled
 from .base import METHODS, Method
-from .prototypes import class_sums, mean_prototypes, pool_to, proto_mse_loss
+from .prototypes import class_sums, mean_prototypes, pool_to, proto_mse_loss, proto_paper_loss
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,9 @@ class FedProtoParams:
     # training: mean of the train-mode reps of every local step (clientproto.py:55-57);
     # eval: after local training, eval mode, over the private data (HtFLlib FedTGP, clienttgp.py:67-88)
     local_protos: Literal["training", "eval"] = "training"
+    # code: per-sample MSE(rep, p_y) as both official codes (yuetan031/FedProto lib/update.py:161-171,
+    # HtFLlib clientproto.py:47-53); paper: sum_j ||C_i^(j) - C^(j)||_2 on the batch's class means
+    reg_form: Literal["code", "paper"] = "code"
 
     def __post_init__(self):
         if self.lamda < 0 or self.proto_dim < 0:
@@ -122,7 +134,8 @@ class FedProto(Method):
         rep = self.rep(h)
         loss = F.cross_entropy(logits, y)
         if self.protos is not None and self.p.lamda > 0:
-            loss = loss + self.p.lamda * proto_mse_loss(rep, y, self.protos, self.present)
+            reg = proto_paper_loss if getattr(self.p, "reg_form", "code") == "paper" else proto_mse_loss
+            loss = loss + self.p.lamda * reg(rep, y, self.protos, self.present)
         if self.p.local_protos == "training":
             s, n = class_sums(rep.detach().to(torch.promote_types(rep.dtype, torch.float32)), y, self.num_classes)
             acc = self._acc.get(client.name)

@@ -42,6 +42,22 @@ def proto_mse_loss(rep: Tensor, labels: Tensor, protos: Tensor, present: Tensor)
     return F.mse_loss(rep, target)
 
 
+def proto_paper_loss(rep: Tensor, labels: Tensor, protos: Tensor, present: Tensor) -> Tensor:
+    """FedProto's regulariser as the paper writes it: a distance between the participant's local
+    prototypes and the global ones, ``sum_j ||C_i^(j) - C^(j)||_2``, over the classes ``j`` that
+    have a global prototype (Tan et al., AAAI 2022; not the authors' code, which computes
+    :func:`proto_mse_loss`: ``yuetan031/FedProto lib/update.py:161-171``).
+
+    Per batch (the only place a gradient can reach): ``C_i^(j)`` = the mean of the batch's ``rep``
+    rows of class ``j``; classes absent from the batch or without a global prototype add 0; the L2
+    norm is not squared and not averaged over classes. A batch with no such class gives 0.
+    """
+    sums, counts = class_sums(rep, labels, protos.shape[0])
+    keep = (counts > 0) & present.to(torch.bool)
+    local = sums[keep] / counts[keep].unsqueeze(1)
+    return (local - protos[keep].to(rep.dtype)).norm(dim=1).sum()
+
+
 def class_sums(rep: Tensor, labels: Tensor, num_classes: int) -> Tuple[Tensor, Tensor]:
     """Per-class sums of ``rep`` rows (C, d) and counts (C,), to accumulate prototypes over batches."""
     sums = torch.zeros(num_classes, rep.shape[1], dtype=rep.dtype, device=rep.device)
