@@ -308,6 +308,82 @@ def test_two_rounds_in_float64_equal_the_reimplementation(float64_batches, name,
         assert all(m.present.tolist()) == (name == "fedtgp")
 
 
+# ------------------------------------------------------------------ nearest-prototype scoring
+
+
+def _np_pool(h, n):
+    """numpy adaptive average pooling of rows from L to n entries (windows floor(iL/n) .. ceil((i+1)L/n))."""
+    L = h.shape[1]
+    return np.stack([h[:, math.floor(i * L / n):math.ceil((i + 1) * L / n)].mean(1) for i in range(n)], 1)
+
+
+@pytest.mark.parametrize("name", ["fedproto", "fedtgp"])
+def test_prototype_scoring_predicts_the_nearest_global_prototype(tiny_data, name):
+    """scoring: prototype (default, HtFLlib clientproto.py:70-100 / clienttgp.py:90-120): the evaluated
+    prediction of each test image is argmin_j mean_d (rep - g_j)^2 over the classes with a global prototype,
+    computed here in float64 numpy from the model's features; LeNet (84-d) beside SimpleCNN (512-d, pooled
+    to 84). scoring: head leaves the classifier's logits."""
+    from fedshift.data.loading import normalize
+    from fedshift.engine.evaluation import correct_topk
+
+    fed = tiny_federation(tiny_data, ("lenet", "simple_cnn"))
+    m = create_method(name)
+    m.setup(fed)
+    x, y = fed.clients[0].data.get("test")
+    x, y = x[:64], y[:64]
+    with torch.no_grad():
+        feats = [c.model.eval().features(normalize(x)).double().numpy() for c in fed.clients]
+    for c in fed.clients:
+        c.model.train()
+    # hand-set prototypes: the class means of LeNet's test reps for the classes 0..6, jittered; 7..9 absent
+    rep0 = feats[0]
+    g = np.random.default_rng(0)
+    protos = np.stack([rep0[y.numpy() == c].mean(0) if (y.numpy() == c).any() else np.zeros(84) for c in range(10)])
+    protos = protos + 0.01 * g.normal(size=protos.shape)
+    present = np.arange(10) < 7
+    m.protos, m.present = torch.tensor(protos, dtype=torch.float32), torch.tensor(present)
+    hits_head = None
+    for c, h in zip(fed.clients, feats):
+        rep = h if h.shape[1] == 84 else _np_pool(h, 84)
+        d = ((rep[:, None, :] - protos[None].astype(np.float32).astype(np.float64)) ** 2).mean(2)
+        d[:, ~present] = np.inf
+        want = d.argmin(1)
+        with torch.inference_mode():
+            out = c.model.eval()(normalize(x))
+        c.model.train()
+        assert out.shape == (len(y), 10) and torch.isinf(out[:, 7:]).all()
+        np.testing.assert_array_equal(out.argmax(1).numpy(), want)
+        np.testing.assert_allclose(out[:, :7].double().numpy(), -d[:, :7], rtol=1e-5)
+        hits = correct_topk(c.model, x, y, ks=(1,))[1]  # what the engine's evaluation reads
+        np.testing.assert_array_equal(hits.numpy(), want == y.numpy())
+        if c.arch == "lenet":
+            held = y.numpy() < 7  # the prototypes are the class means: a real classifier on their classes
+            assert (want == y.numpy())[held].mean() > 0.5 and not (want == y.numpy())[~held].any()
+        hits_head = hits
+    # training mode: the classifier's logits pass through (the loss is unchanged by the hook)
+    h, logits = fed.clients[1].model.forward_with_features(normalize(x))
+    torch.testing.assert_close(logits, fed.clients[1].model.head(h))
+    assert not torch.isinf(logits).any()
+    # scoring: head (a new method object on the same models) removes the hook: the classifier's logits again
+    head = create_method(name, {"scoring": "head"})
+    head.setup(fed)
+    head.protos, head.present = m.protos, m.present
+    c = fed.clients[1]
+    with torch.inference_mode():
+        c.model.eval()
+        torch.testing.assert_close(c.model(normalize(x)), c.model.head(c.model.features(normalize(x))))
+        assert not torch.isinf(c.model(normalize(x))).any()
+    c.model.train()
+    assert not torch.equal(correct_topk(c.model, x, y, ks=(1,))[1], hits_head)
+    # before any global prototype: the classifier's logits (HtFLlib reports 0 there)
+    fresh = create_method(name)
+    fresh.setup(fed)
+    with torch.inference_mode():
+        c.model.eval()
+        assert not torch.isinf(c.model(normalize(x))).any()
+    c.model.train()
+
+
 # ------------------------------------------------------------------ resume
 
 
@@ -331,6 +407,7 @@ def test_restored_from_state_dict_round_three_is_bit_identical(tiny_data, tmp_pa
 
     (fed, method), (fed2, method2) = resumed_round_three(build, tmp_path / "state.pt")
     assert torch.equal(method.protos, method2.protos) and torch.equal(method.present, method2.present)
+    assert fed.evaluate() == fed2.evaluate()  # nearest-prototype scores (the default) after the resume too
     if name == "fedtgp":
         assert all(torch.equal(a, b) for a, b in zip(method.tgp.state_dict().values(), method2.tgp.state_dict().values()))
     if engine:

@@ -39,9 +39,17 @@ Differs (and why):
   in ``rep = AdaptiveAvgPool1d(proto_dim)(h)``, ``proto_dim: 0`` = the narrowest
   participant's ``feature_dim`` (identity when all are equal). With one architecture this is
   the official computation; across widths the classifier sees ``h``, not the pooled ``rep``.
-* scoring: the engine scores each participant's classifier (every method's protocol);
-  HtFLlib's ``test_metrics`` scores the nearest global prototype by MSE (``clientproto.py:70-100``).
-  Not switchable here (an engine-level change).
+* scoring, ``scoring``. HtFLlib's ``test_metrics`` scores the nearest global prototype by MSE
+  (``clientproto.py:70-100``: ``argmin_j MSELoss(rep, g_j)``, classes without a global prototype
+  never chosen) = ``scoring: prototype`` (default): a forward hook on each participant's ``head``
+  (:class:`~fedshift.methods.prototypes.PrototypeScoring`) makes its eval-mode output
+  ``-MSE(rep, g_j)`` over the classes, so the engine's evaluation (top-1, top-5, intra/inter) reads
+  the nearest prototype unchanged. Before the first global prototypes (the round-0 evaluation) the
+  classifier scores (HtFLlib reports accuracy 0 there, ``:99-100``). ``scoring: head`` scores each
+  participant's classifier, the other methods' protocol and the paper's code's "w/o protos" number
+  (yuetan031/FedProto ``lib/update.py:470-488``; its "with protos" number, ``:490-526``, restricts the
+  nearest prototype to the client's own classes and is not reproduced). ``fedshift evaluate`` on a
+  published ``models.pt`` re-scores with the classifier: the global prototypes are not in that file.
 * the local optimiser is the engine's (Adam by default; HtFLlib: SGD, ``clientproto.py:23``;
   set ``engine.optimizer: sgd``, ``momentum: 0`` for theirs).
 * the regulariser, ``reg_form``. The FedProto paper writes it on prototypes,
@@ -75,7 +83,7 @@ import torch.nn.functional as F
 from ..data.loading import normalize
 from ..engine.sampling import round_clients, write_sampled
 from .base import METHODS, Method
-from .prototypes import class_sums, mean_prototypes, pool_to, proto_mse_loss, proto_paper_loss
+from .prototypes import PrototypeScoring, class_sums, mean_prototypes, pool_to, proto_mse_loss, proto_paper_loss
 
 
 @dataclass(frozen=True)
@@ -90,6 +98,9 @@ class FedProtoParams:
     # code: per-sample MSE(rep, p_y) as both official codes (yuetan031/FedProto lib/update.py:161-171,
     # HtFLlib clientproto.py:47-53); paper: sum_j ||C_i^(j) - C^(j)||_2 on the batch's class means
     reg_form: Literal["code", "paper"] = "code"
+    # prototype: evaluation scores the nearest global prototype by MSE (HtFLlib clientproto.py:70-100);
+    # head: each participant's own classifier (the other methods' protocol)
+    scoring: Literal["prototype", "head"] = "prototype"
 
     def __post_init__(self):
         if self.lamda < 0 or self.proto_dim < 0:
@@ -124,6 +135,8 @@ class FedProto(Method):
         self.protos: Optional[torch.Tensor] = None  # (C, d) global prototypes; None before the first upload
         self.present: Optional[torch.Tensor] = None  # (C,) bool
         self._acc: Dict[str, tuple] = {}  # participant -> (sums, counts) of this round's training reps
+        for c in fed.clients:  # scoring: head still removes an earlier method object's hook from these models
+            PrototypeScoring.install(c.model, self if self.p.scoring == "prototype" else None)
 
     # -- local updating --------------------------------------------------------------
     def rep(self, h: torch.Tensor) -> torch.Tensor:
