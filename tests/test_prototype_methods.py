@@ -182,8 +182,9 @@ def _pool_loop(h, n):
     return torch.stack([h[:, math.floor(i * L / n):math.ceil((i + 1) * L / n)].mean(1) for i in range(n)], 1)
 
 
-def _ref_client(model, gen, x, y, glob, lamda, dim, epochs, batch, lr, collect):
-    """One client's local training as clientproto.py:19-63 / clienttgp.py:19-88 write it (plain SGD)."""
+def _ref_client(model, gen, x, y, glob, lamda, dim, epochs, batch, lr, collect, form="code"):
+    """One client's local training as clientproto.py:19-63 / clienttgp.py:19-88 write it (plain SGD);
+    ``form="paper"``: the regulariser as the FedProto paper prints it, sum_j ||C^(j) - glob_j||_2 on the batch."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     model.train()
     lists = defaultdict(list)
@@ -197,7 +198,12 @@ def _ref_client(model, gen, x, y, glob, lamda, dim, epochs, batch, lr, collect):
             h = model.features(xb)
             rep = _pool_loop(h, dim)
             loss = F.cross_entropy(model.classifier(h), yb)
-            if glob is not None:
+            if glob is not None and form == "paper":
+                for c in sorted(set(yb.tolist())):
+                    if c in glob:
+                        rows = [rep[i] for i in range(len(yb)) if yb[i] == c]
+                        loss = loss + lamda * torch.sqrt(((sum(rows) / len(rows) - glob[c]) ** 2).sum())
+            elif glob is not None:
                 proto_new = rep.detach().clone()
                 for i, c in enumerate(yb.tolist()):
                     if c in glob:
@@ -260,8 +266,9 @@ def float64_batches(monkeypatch):
 @pytest.mark.parametrize("name,params,sampled", [
     ("fedproto", {"lamda": 2.0, "proto_dim": 40}, 0),
     ("fedproto", {"lamda": 2.0, "local_protos": "eval"}, 2),
+    ("fedproto", {"lamda": 2.0, "proto_dim": 40, "reg_form": "paper"}, 0),
     ("fedtgp", {"lamda": 2.0, "proto_dim": 40, "server_epochs": 4, "server_batch": 4, "server_lr": 0.05}, 2),
-], ids=["fedproto-pooled", "fedproto-eval-sampled", "fedtgp-sampled"])
+], ids=["fedproto-pooled", "fedproto-eval-sampled", "fedproto-paper-form", "fedtgp-sampled"])
 def test_two_rounds_in_float64_equal_the_reimplementation(float64_batches, name, params, sampled):
     """Three clients (12-14 random images of 10 classes each), two local epochs of batch 5, plain SGD;
     rounds 1 (no global prototypes yet) and 2 (regularised). With ``sampled`` clients per round, only
@@ -286,7 +293,7 @@ def test_two_rounds_in_float64_equal_the_reimplementation(float64_batches, name,
         chosen = fed.sampled.get(r, range(3))
         assert len(chosen) == (sampled or 3)
         uploads = [_ref_client(models[i], gens[i], *fed.clients[i].data.get("private"), glob, p.lamda, dim, 2, 5,
-                               0.05, p.local_protos) for i in chosen]
+                               0.05, p.local_protos, getattr(p, "reg_form", "code")) for i in chosen]
         if name == "fedtgp":
             glob, margin = _ref_tgp_server(tgp, uploads, tgp_gen, 10, p.server_epochs, p.server_batch, p.server_lr,
                                            p.margin_threshold)
