@@ -32,6 +32,32 @@ paper's own code, yuetan031/FedProto, is what HtFLlib's cites at
   and adds a new ``Linear(feature_dim, C)`` head (``system/flcore/trainmodel/models.py:26-50``,
   ``-fd 512`` in ``total.sh:2``).
 
+Switches where the paper and the official codes part (defaults: the code):
+
+* the regulariser, ``reg_form``. The FedProto paper writes it on prototypes,
+  ``sum_j ||C_i^(j) - C^(j)||_2`` (local prototype of class j against the global one); both
+  official codes compute the per-sample ``MSELoss(proto_new, rep)`` instead: the paper's own code
+  (yuetan031/FedProto 97e42e27, ``lib/update.py:161-173``, ``loss = loss1 + loss2 * args.ld``) and
+  HtFLlib's (``clientproto.py:47-53``). ``reg_form: code`` (default) is that MSE
+  (:func:`~fedshift.methods.prototypes.proto_mse_loss`): the authors' code, the one
+  their published numbers come from. ``reg_form: paper`` is the equation as printed, per batch
+  (:func:`~fedshift.methods.prototypes.proto_paper_loss`: the batch's class means against the
+  global prototypes, unsquared L2, summed over the batch's classes that have one); no published
+  number was produced with it. Its scale differs (a sum of norms, not a mean of squares), so
+  ``lamda`` does not carry over between the two.
+* scoring, ``scoring``. HtFLlib's ``test_metrics`` scores the nearest global prototype by MSE
+  (``clientproto.py:70-100``: ``argmin_j MSELoss(rep, g_j)``, classes without a global prototype
+  never chosen) = ``scoring: prototype`` (default): a forward hook on each participant's ``head``
+  (:class:`~fedshift.methods.prototypes.PrototypeScoring`) makes its eval-mode output
+  ``-MSE(rep, g_j)`` over the classes, so the engine's evaluation (top-1, top-5, intra/inter) reads
+  the nearest prototype with no change of its own. Before the first global prototypes (the round-0
+  evaluation) the classifier scores (HtFLlib reports accuracy 0 there, ``:99-100``).
+  ``scoring: head`` scores each participant's classifier: the other methods' protocol, and the
+  "w/o protos" number the paper's code prints beside its "with protos" one
+  (yuetan031/FedProto ``lib/update.py:470-488`` and ``:490-526``; the latter restricts the nearest
+  prototype to the client's own classes and is not reproduced). ``fedshift evaluate`` on a
+  published ``models.pt`` re-scores with the classifier: the global prototypes are not in that file.
+
 Differs (and why):
 
 * the representation: fedshift keeps each registered model's own classifier on its
@@ -39,30 +65,8 @@ Differs (and why):
   in ``rep = AdaptiveAvgPool1d(proto_dim)(h)``, ``proto_dim: 0`` = the narrowest
   participant's ``feature_dim`` (identity when all are equal). With one architecture this is
   the official computation; across widths the classifier sees ``h``, not the pooled ``rep``.
-* scoring, ``scoring``. HtFLlib's ``test_metrics`` scores the nearest global prototype by MSE
-  (``clientproto.py:70-100``: ``argmin_j MSELoss(rep, g_j)``, classes without a global prototype
-  never chosen) = ``scoring: prototype`` (default): a forward hook on each participant's ``head``
-  (:class:`~fedshift.methods.prototypes.PrototypeScoring`) makes its eval-mode output
-  ``-MSE(rep, g_j)`` over the classes, so the engine's evaluation (top-1, top-5, intra/inter) reads
-  the nearest prototype unchanged. Before the first global prototypes (the round-0 evaluation) the
-  classifier scores (HtFLlib reports accuracy 0 there, ``:99-100``). ``scoring: head`` scores each
-  participant's classifier, the other methods' protocol and the paper's code's "w/o protos" number
-  (yuetan031/FedProto ``lib/update.py:470-488``; its "with protos" number, ``:490-526``, restricts the
-  nearest prototype to the client's own classes and is not reproduced). ``fedshift evaluate`` on a
-  published ``models.pt`` re-scores with the classifier: the global prototypes are not in that file.
 * the local optimiser is the engine's (Adam by default; HtFLlib: SGD, ``clientproto.py:23``;
   set ``engine.optimizer: sgd``, ``momentum: 0`` for theirs).
-* the regulariser, ``reg_form``. The FedProto paper writes it on prototypes,
-  ``sum_j ||C_i^(j) - C^(j)||_2`` (local prototype of class j against the global one); both
-  official codes compute the per-sample ``MSELoss(proto_new, rep)`` instead: the paper's own code
-  (yuetan031/FedProto 97e42e27, ``lib/update.py:161-173``, ``loss = loss1 + loss2 * args.ld``) and
-  HtFLlib's (``clientproto.py:47-53``). ``reg_form: code`` (default) is that MSE
-  (:func:`~fedshift.methods.prototypes.proto_mse_loss`): it is what produced the paper's tables
-  and HtFLlib's numbers. ``reg_form: paper`` is the equation as printed, per batch
-  (:func:`~fedshift.methods.prototypes.proto_paper_loss`: the batch's class means against the
-  global prototypes, unsquared L2, summed over the batch's classes that have one); no published
-  number was produced with it. Its scale differs (a sum of norms, not a mean of squares), so
-  ``lamda`` does not carry over between the two.
 
 Fused clients (``engine.fused_clients``) are refused by name (no fused objective: the
 regulariser reads per-client prototype state), as are ``engine.server_model`` and
