@@ -32,6 +32,32 @@ paper's own code, yuetan031/FedProto, is what HtFLlib's cites at
   and adds a new ``Linear(feature_dim, C)`` head (``system/flcore/trainmodel/models.py:26-50``,
   ``-fd 512`` in ``total.sh:2``).
 
+Switches where the paper and the official codes part (defaults: the code):
+
+* the regulariser, ``reg_form``. The FedProto paper writes it on prototypes,
+  ``sum_j ||C_i^(j) - C^(j)||_2`` (local prototype of class j against the global one); both
+  official codes compute the per-sample ``MSELoss(proto_new, rep)`` instead: the paper's own code
+  (yuetan031/FedProto 97e42e27, ``lib/update.py:161-173``, ``loss = loss1 + loss2 * args.ld``) and
+  HtFLlib's (``clientproto.py:47-53``). ``reg_form: code`` (default) is that MSE
+  (:func:`~fedshift.methods.prototypes.proto_mse_loss`): the authors' code, the one
+  their published numbers come from. ``reg_form: paper`` is the equation as printed, per batch
+  (:func:`~fedshift.methods.prototypes.proto_paper_loss`: the batch's class means against the
+  global prototypes, unsquared L2, summed over the batch's classes that have one); no published
+  number was produced with it. Its scale differs (a sum of norms, not a mean of squares), so
+  ``lamda`` does not carry over between the two.
+* scoring, ``scoring``. HtFLlib's ``test_metrics`` scores the nearest global prototype by MSE
+  (``clientproto.py:70-100``: ``argmin_j MSELoss(rep, g_j)``, classes without a global prototype
+  never chosen) = ``scoring: prototype`` (default): a forward hook on each participant's ``head``
+  (:class:`~fedshift.methods.prototypes.PrototypeScoring`) makes its eval-mode output
+  ``-MSE(rep, g_j)`` over the classes, so the engine's evaluation (top-1, top-5, intra/inter) reads
+  the nearest prototype with no change of its own. Before the first global prototypes (the round-0
+  evaluation) the classifier scores (HtFLlib reports accuracy 0 there, ``:99-100``).
+  ``scoring: head`` scores each participant's classifier: the other methods' protocol, and the
+  "w/o protos" number the paper's code prints beside its "with protos" one
+  (yuetan031/FedProto ``lib/update.py:470-488`` and ``:490-526``; the latter restricts the nearest
+  prototype to the client's own classes and is not reproduced). ``fedshift evaluate`` on a
+  published ``models.pt`` re-scores with the classifier: the global prototypes are not in that file.
+
 Differs (and why):
 
 * the representation: fedshift keeps each registered model's own classifier on its
@@ -39,13 +65,8 @@ Differs (and why):
   in ``rep = AdaptiveAvgPool1d(proto_dim)(h)``, ``proto_dim: 0`` = the narrowest
   participant's ``feature_dim`` (identity when all are equal). With one architecture this is
   the official computation; across widths the classifier sees ``h``, not the pooled ``rep``.
-* scoring: the engine scores each participant's classifier (every method's protocol);
-  HtFLlib's ``test_metrics`` scores the nearest global prototype by MSE (``clientproto.py:70-100``).
-  Not switchable here (an engine-level change).
 * the local optimiser is the engine's (Adam by default; HtFLlib: SGD, ``clientproto.py:23``;
   set ``engine.optimizer: sgd``, ``momentum: 0`` for theirs).
-* the FedProto paper writes the regulariser on prototypes, ``sum_j ||C_i^(j) - C^(j)||``;
-  fedshift follows the code (per-sample MSE). No switch yet.
 
 Fused clients (``engine.fused_clients``) are refused by name (no fused objective: the
 regulariser reads per-client prototype state), as are ``engine.server_model`` and
@@ -66,7 +87,7 @@ import torch.nn.functional as F
 from ..data.loading import normalize
 from ..engine.sampling import round_clients, write_sampled
 from .base import METHODS, Method
-from .prototypes import class_sums, mean_prototypes, pool_to, proto_mse_loss
+from .prototypes import PrototypeScoring, class_sums, mean_prototypes, pool_to, proto_mse_loss, proto_paper_loss
 
 
 @dataclass(frozen=True)
@@ -78,6 +99,12 @@ class FedProtoParams:
     # training: mean of the train-mode reps of every local step (clientproto.py:55-57);
     # eval: after local training, eval mode, over the private data (HtFLlib FedTGP, clienttgp.py:67-88)
     local_protos: Literal["training", "eval"] = "training"
+    # code: per-sample MSE(rep, p_y) as both official codes (yuetan031/FedProto lib/update.py:161-171,
+    # HtFLlib clientproto.py:47-53); paper: sum_j ||C_i^(j) - C^(j)||_2 on the batch's class means
+    reg_form: Literal["code", "paper"] = "code"
+    # prototype: evaluation scores the nearest global prototype by MSE (HtFLlib clientproto.py:70-100);
+    # head: each participant's own classifier (the other methods' protocol)
+    scoring: Literal["prototype", "head"] = "prototype"
 
     def __post_init__(self):
         if self.lamda < 0 or self.proto_dim < 0:
@@ -112,6 +139,8 @@ class FedProto(Method):
         self.protos: Optional[torch.Tensor] = None  # (C, d) global prototypes; None before the first upload
         self.present: Optional[torch.Tensor] = None  # (C,) bool
         self._acc: Dict[str, tuple] = {}  # participant -> (sums, counts) of this round's training reps
+        for c in fed.clients:  # scoring: head still removes an earlier method object's hook from these models
+            PrototypeScoring.install(c.model, self if self.p.scoring == "prototype" else None)
 
     # -- local updating --------------------------------------------------------------
     def rep(self, h: torch.Tensor) -> torch.Tensor:
@@ -122,7 +151,8 @@ class FedProto(Method):
         rep = self.rep(h)
         loss = F.cross_entropy(logits, y)
         if self.protos is not None and self.p.lamda > 0:
-            loss = loss + self.p.lamda * proto_mse_loss(rep, y, self.protos, self.present)
+            reg = proto_paper_loss if getattr(self.p, "reg_form", "code") == "paper" else proto_mse_loss
+            loss = loss + self.p.lamda * reg(rep, y, self.protos, self.present)
         if self.p.local_protos == "training":
             s, n = class_sums(rep.detach().to(torch.promote_types(rep.dtype, torch.float32)), y, self.num_classes)
             acc = self._acc.get(client.name)
