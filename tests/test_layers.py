@@ -170,3 +170,26 @@ def test_the_checks_can_fail():
     assert "fedshift.methods.fedavg" in g["fedshift.methods"]  # `from . import fedavg` in __init__
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
     assert layer("fedshift.engine.federation") == ("fedshift.engine", 4)
+
+
+# Inside fedshift.report the paper delta's parts go down too (issue 35 split paper_delta.py by idea):
+# the shared frames and statistics, the papers' data, the computations, their rendering, the section.
+REPORT_LAYERS = {
+    "stats": 0, "frames": 0, "palette": 0,
+    "published": 1,
+    "ours": 2, "verdicts": 2, "claims": 2,
+    "delta_markdown": 3, "delta_figures": 3,
+    "paper_delta": 4,
+    "report": 5,
+}
+
+
+def test_paper_delta_parts_import_downward():
+    g = graph()
+    wrong = []
+    for name, lvl in REPORT_LAYERS.items():
+        for t in sorted(g[f"fedshift.report.{name}"]):
+            tname = t.removeprefix("fedshift.report.")
+            if tname in REPORT_LAYERS and REPORT_LAYERS[tname] >= lvl:
+                wrong.append(f"report.{name} (level {lvl}) imports report.{tname} (level {REPORT_LAYERS[tname]})")
+    assert not wrong, "\n".join(wrong)

@@ -1,5 +1,5 @@
 """Per-run headline numbers from ``runs.csv``, shared by every report section (the tables of
-report.py and the paper delta of paper_delta.py read the same frame, so neither imports the other)."""
+report.py and the paper delta (paper_delta.py and its parts) read the same frame, so neither imports the other)."""
 
 from __future__ import annotations
 

@@ -158,7 +158,7 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
     df = pd.read_csv(runs_csv)
     report_cfg = report_cfg or {}
     written: List[Path] = []
-    from .paper_delta import interval_coverage  # what the intervals cover, said once for every section
+    from .delta_markdown import interval_coverage  # what the intervals cover, said once for every section
 
     with atomic_dir(Path(out_dir)) as tmp:
         full, df = df, df[df["kind"] != "global"]  # global-model rows: report/rounds.py
