@@ -71,11 +71,16 @@ requests.
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple
+
+from .errors import ConfigError
 
 BASE_MB = 1000.0  # peak RSS of the smallest real jobs, LeNet, MLflow on: 1,001-1,009 MB (benchmarks/results/memory_model.md)
 ACT_FACTOR = 1.3  # RSS of the largest training phase / its kept activations' bytes (upper envelope, measured jobs)
@@ -126,8 +131,6 @@ class MemoryEstimate:
 
 
 def _warn(msg: str) -> None:
-    import sys
-
     print(f"fedshift: warning: {msg}", file=sys.stderr)
 
 
@@ -271,8 +274,6 @@ def _recompute(section: Mapping, device: str) -> bool:
 def _manifest_sizes(folder: Path) -> Tuple[int, int, int]:
     """(largest participant's private samples, pooled test samples, public samples) read off a
     built partition or public-set ``manifest.json``; 0 where unknown (not built yet)."""
-    import json
-
     try:
         m = json.loads((folder / "manifest.json").read_text())
     except (OSError, ValueError):
@@ -336,10 +337,6 @@ def job_estimate(cfg: Mapping, gpus: int = 0, root: Path = Path(".")) -> MemoryE
 
 def max_request_mb() -> int:
     """The ceiling of a request: ``FEDSHIFT_MAX_MEM_MB`` or ``MAX_REQUEST_MB``."""
-    import os
-
-    from .errors import ConfigError
-
     text = os.environ.get("FEDSHIFT_MAX_MEM_MB", "")
     if not text:
         return MAX_REQUEST_MB

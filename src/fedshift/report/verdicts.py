@@ -27,7 +27,7 @@ def ranking(ours: Mapping[str, float], published: Mapping[str, float]) -> Tuple[
     common = [m for m in published if m in ours and not pd.isna(ours[m])]
     if len(common) < 2:
         return math.nan, False
-    from scipy import stats
+    from scipy import stats  # here, not at the top: scipy takes a while to import, used by this function only
 
     a = [ours[m] for m in common]
     b = [published[m] for m in common]
