@@ -26,7 +26,7 @@ from ..data.store import atomic_dir
 from ..tracking import report_run
 from .delta_markdown import interval_coverage  # what the intervals cover, said once for every section
 from .figures import report_figures  # per-participant, heatmaps, cross-correlation, ablations, t-SNE
-from .frames import headline_frame, participant_archs  # noqa: F401 (headline_frame: public here too)
+from .frames import headline_frame, participant_archs
 from .frames import selection_note
 from .frames import topk as _topk
 from .h2l import h2l_section  # FedH2L Table II (ACC / WDP / CDP) when the runs wrote pooled rows
