@@ -250,7 +250,7 @@ def check_published(names) -> None:
     so a typo stops `fedshift validate` / planning rather than the report job at the end."""
     import difflib
 
-    from .report.paper_delta import published_dir
+    from .report.published import published_dir
 
     folder = published_dir()
     known = sorted(p.stem for p in folder.glob("*.csv"))
