@@ -187,6 +187,8 @@ def test_a_hung_tracking_call_is_given_up_after_the_time_limit(monkeypatch, capl
         def log_batch(self, *a, **k):
             time.sleep(30)
 
+    import mlflow.entities  # noqa: F401  (log_metrics imports it first: seconds on a loaded machine, not the call under test)
+
     monkeypatch.setenv("FEDSHIFT_MLFLOW_TIMEOUT", "0.3")
     t = MlflowTracker(Hung(), "run")
     t0 = time.time()
