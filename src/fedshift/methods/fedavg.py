@@ -11,7 +11,7 @@ Client sampling (``engine.clients_per_round`` / ``client_fraction``, McMahan's C
 only the round's sampled clients train, and the average is weighted by their sample
 counts (Algorithm 2 line 7 of FedFusion). Without sampling every client trains, which
 is the domain-shift scenarios' protocol and gives the same numbers as before sampling
-existed. The average is accumulated client by client (:class:`RunningAverage`), so with
+existed. The average is accumulated client by client (:class:`~fedshift.engine.averaging.RunningAverage`), so with
 ``engine.server_model`` (one working model shared by all clients) a round holds the
 working model, the global weights and one accumulator whatever the number of clients.
 :class:`ServerAveraging` is that round; FedMMD and FedFusion override its hooks.
@@ -39,30 +39,14 @@ Which models are scored (``eval_models``, docs/fccl.md "Which models each table 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import Dict, List
 
 import torch
 
+from ..engine.averaging import RunningAverage, weighted_average
 from ..engine.fused import fused_local_update, fused_round, masked_cross_entropy, use_fused
 from ..engine.sampling import round_clients, unique_models, write_sampled
 from .base import METHODS, Method, ServerParams
-
-
-def weighted_average(states: Sequence[Dict[str, torch.Tensor]], weights: Sequence[float]) -> Dict[str, torch.Tensor]:
-    """Sum_k w_k * state_k / sum_k w_k, key by key; non-float tensors are copied from the first state."""
-    total = float(sum(weights))
-    if total <= 0:
-        raise ValueError("weights must sum to a positive number")
-    out = {}
-    for key, ref in states[0].items():
-        if not torch.is_floating_point(ref):
-            out[key] = ref.clone()
-            continue
-        acc = torch.zeros_like(ref, dtype=torch.float64)
-        for s, w in zip(states, weights):
-            acc += s[key].double() * (w / total)
-        out[key] = acc.to(ref.dtype)
-    return out
 
 
 def average_models(clients, weighting: str = "samples") -> Dict[str, torch.Tensor]:
@@ -73,31 +57,6 @@ def average_models(clients, weighting: str = "samples") -> Dict[str, torch.Tenso
     for c in clients:
         c.model.load_state_dict(avg)
     return avg
-
-
-class RunningAverage:
-    """``weighted_average`` accumulated one state at a time (same arithmetic, same order).
-
-    ``total`` (the sum of the weights) must be known up front, as it is for a round's
-    sampled clients, so each term is ``state * (w / total)`` exactly as in :func:`weighted_average`.
-    """
-
-    def __init__(self, total: float):
-        if total <= 0:
-            raise ValueError("weights must sum to a positive number")
-        self.total = float(total)
-        self.acc: Optional[Dict[str, torch.Tensor]] = None
-
-    def add(self, state: Mapping[str, torch.Tensor], weight: float) -> None:
-        if self.acc is None:
-            self.acc = {k: (torch.zeros_like(v, dtype=torch.float64) if torch.is_floating_point(v) else v.clone())
-                        for k, v in state.items()}
-        for k, v in state.items():
-            if torch.is_floating_point(v):
-                self.acc[k] += v.double() * (weight / self.total)
-
-    def result(self, like: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        return {k: (v.to(like[k].dtype) if torch.is_floating_point(like[k]) else v) for k, v in self.acc.items()}
 
 
 @dataclass(frozen=True)

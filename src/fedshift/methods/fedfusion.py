@@ -47,7 +47,7 @@ from torch import nn
 
 from ..engine.federation import frozen_copy
 from ..engine.sampling import unique_models
-from ..losses import ema
+from ..losses import cross_entropy, ema
 from ..models.base import FedModel
 from .base import METHODS
 from .fedavg import ServerAveraging
@@ -161,22 +161,21 @@ class FedFusion(ServerAveraging):
     def begin_round(self, fed, r: int, global_state: Dict[str, torch.Tensor]) -> None:
         self.global_net.load_state_dict(global_state)
 
-    def local_loss(self, fed, client, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
+    def objective(self, call, params, x: torch.Tensor, y: torch.Tensor,
+                  mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The one loss of both paths: CE of the fused logits ``call(params, x, E_g(x))``, the frozen
+        global encoder's map computed once per batch; over the real samples of a padded batch when
+        ``mask`` (engine.fused_clients) is given."""
         with torch.no_grad():
             g = self.global_net.base.feature_map(x)
-        return F.cross_entropy(client.model.fused_logits(x, g), y)
+        return cross_entropy(call(params, x, g), y, mask)
+
+    def local_loss(self, fed, client, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
+        return self.objective(lambda _, inputs, g: client.model.fused_logits(inputs, g), None, x, y)
 
     def fused_objective(self, fed):
-        """:meth:`local_loss` on stacked weights (engine.fused_clients): the frozen global encoder's map
-        on each client's padded batch, the fused logits of the client's own weights, masked CE."""
-        glob_net = self.global_net
-
-        def objective(call, params, x, y, mask):
-            g = glob_net.base.feature_map(x).detach()
-            per = F.cross_entropy(call(params, x, g), y, reduction="none")
-            w = mask.to(per.dtype)
-            return (per * w).sum() / w.sum().clamp(min=1)
-        return objective
+        """:meth:`objective` on stacked weights (engine.fused_clients)."""
+        return self.objective
 
     def aggregate(self, fed, average: Dict[str, torch.Tensor], global_state: Dict[str, torch.Tensor]):
         if self.p.operator in ("multi", "single"):
