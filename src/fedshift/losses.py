@@ -43,7 +43,6 @@ __all__ = [
     "diagonal_fisher",
     "prox_term",
     "moon_contrastive_loss",
-    "restricted_softmax_ce",
     "fedproc_alpha",
     "class_prototypes",
     "prototype_contrastive_loss",
@@ -386,18 +385,6 @@ def moon_contrastive_loss(z: Tensor, z_global: Tensor, z_prev: Tensor, tau: floa
     return F.cross_entropy(logits, torch.zeros(z.shape[0], dtype=torch.long, device=z.device))
 
 
-def restricted_softmax_ce(logits: Tensor, labels: Tensor, present_mask: Tensor, alpha: float) -> Tensor:
-    """FedRS restricted-softmax cross-entropy (Li & Zhan 2021).
-
-    Logits of classes absent from the participant's data (``present_mask`` False; a
-    (C,) or (B, C) bool tensor) are multiplied by ``alpha`` (0.5 in FCCL+ Tab. VII),
-    present ones kept, then the usual cross-entropy, batch mean.
-    """
-    one = torch.ones((), dtype=logits.dtype, device=logits.device)
-    scale = torch.where(present_mask.to(torch.bool), one, one * alpha)
-    return F.cross_entropy(logits * scale, labels)
-
-
 RESTRICTIONS = ("count", "missing")
 
 
@@ -429,7 +416,7 @@ def restricted_logits(logits: Tensor, scales: Tensor, bias: Optional[Tensor] = N
 
 # ------------------------------------------------- counterparts of FCCL+ Tables VIII/IX/XV (issue 11)
 # FedProx, MOON, FedRS and RHFL's symmetric CE are above (prox_term, moon_contrastive_loss,
-# restricted_softmax_ce, symmetric_ce_loss). Below: FedProc, FML, FedMatch, RHFL's
+# fedrs_class_scales / restricted_logits, symmetric_ce_loss). Below: FedProc, FML, FedMatch, RHFL's
 # collaborative step and RCFL.
 
 

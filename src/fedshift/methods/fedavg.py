@@ -39,24 +39,15 @@ Which models are scored (``eval_models``, docs/fccl.md "Which models each table 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List
+from typing import Dict
 
 import torch
 
-from ..engine.averaging import RunningAverage, weighted_average
+from ..engine.averaging import RunningAverage
 from ..engine.fused import fused_local_update, fused_round, masked_cross_entropy, use_fused
 from ..engine.sampling import round_clients, unique_models, write_sampled
 from .base import METHODS, Method, ServerParams
-
-
-def average_models(clients, weighting: str = "samples") -> Dict[str, torch.Tensor]:
-    """Average the clients' models into one state dict and load it into every client."""
-    states = [c.model.state_dict() for c in clients]
-    weights: List[float] = [c.num_private if weighting == "samples" else 1.0 for c in clients]
-    avg = weighted_average(states, weights)
-    for c in clients:
-        c.model.load_state_dict(avg)
-    return avg
+from .common import average_models
 
 
 @dataclass(frozen=True)

@@ -73,8 +73,7 @@ from ..engine.fused import stack_parameters, stacked_forward, stacked_grads_aux,
 from ..errors import ConfigError
 from ..losses import batch_accuracy, h2l_mutual_loss, project_gradient
 from .base import METHODS
-from .stepwise import (FLOAT_BYTES, INDEX_BYTES, StepParams, StepwiseMethod, _Node,  # noqa: F401 (re-exported)
-                       bind_flat_grads, flat_params)
+from .stepwise import FLOAT_BYTES, INDEX_BYTES, StepParams, StepwiseMethod, _Node, flat_params
 
 @dataclass(frozen=True)
 class FedH2LParams(StepParams):

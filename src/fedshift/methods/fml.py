@@ -42,13 +42,13 @@ from typing import Any, Dict, Literal, Mapping
 
 import torch
 
+from ..engine.averaging import weighted_average
 from ..engine.federation import derive_seeds
 from ..losses import mutual_learning_losses
 from ..models import create_model
 from .base import METHODS, Method
-from .fedavg import weighted_average
+from .common import model_state
 from .homogeneous import ParameterAveraging
-from .moon import model_state
 
 
 @dataclass(frozen=True)

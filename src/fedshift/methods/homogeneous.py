@@ -45,7 +45,7 @@ from torch import Tensor
 from ..engine.cpu import release_memory
 from ..errors import ConfigError
 from .base import Method
-from .fedavg import average_models
+from .common import average_models
 
 AVERAGING = ("auto", "none", "before_local", "after_local")
 

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from ..data.loading import normalize
 from ..losses import classwise_aggregate, soft_target_loss
 from .base import METHODS, Method
-from .fedmd import digest
+from .common import digest
 from .homogeneous import ParameterAveraging
 
 
