@@ -18,7 +18,8 @@ from fedshift.methods import create_method
 from fedshift.methods import fedh2l as fedh2l_mod
 from fedshift.methods.stepwise import bind_flat_grads
 
-from helpers import client_params, run_method, tiny_federation
+from fedshift.testing import tiny_federation
+from helpers import client_params, run_method
 
 LENET4 = ("lenet",) * 4
 

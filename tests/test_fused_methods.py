@@ -11,7 +11,7 @@ from fedshift.engine import fused
 from fedshift.errors import ConfigError
 from fedshift.methods import create_method
 from fedshift.losses import mmd2_rbf, two_stream_l2
-from helpers import synthetic_federation
+from fedshift.testing import synthetic_federation
 
 REACHED = ["fedavg", "fedprox", "fedmmd", "fedmmd_l2", "fedfusion_conv", "fedfusion_multi", "fedfusion_single"]
 

@@ -12,7 +12,7 @@ from fedshift.losses import fccm_loss, fisl_loss, instance_similarity
 from fedshift.methods import METHODS, create_method
 from fedshift.engine.averaging import weighted_average
 
-from helpers import tiny_federation
+from fedshift.testing import tiny_federation
 
 
 def test_weighted_average_by_hand():

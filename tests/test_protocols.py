@@ -16,7 +16,7 @@ from fedshift.experiments import load_experiments, snakemake_config
 from fedshift.methods import create_method
 from fedshift.methods.moon import MOONParams
 
-from helpers import copy_engine_state, tiny_federation
+from fedshift.testing import copy_engine_state, tiny_federation
 
 ROOT = Path(__file__).resolve().parents[1]
 

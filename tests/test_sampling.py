@@ -18,7 +18,7 @@ from fedshift.methods import create_method
 from fedshift.engine.averaging import RunningAverage, weighted_average
 from fedshift.models.base import FedModel
 
-from helpers import synthetic_federation
+from fedshift.testing import synthetic_federation
 
 torch.set_num_threads(1)
 
