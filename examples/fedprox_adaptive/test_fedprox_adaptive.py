@@ -26,7 +26,7 @@ def test_prox_loss_matches_independent_formula():
     assert prox_loss(logits, y, params, anchor, 0.0).item() == pytest.approx(ce, rel=1e-5)
     w = [p.clone().requires_grad_() for p in params]  # gradient of the prox part: mu * (w - a)
     prox_loss(logits, y, w, anchor, mu).backward()
-    assert torch.allclose(w[0].grad, mu * (params[0] - anchor[0]), atol=1e-5)
+    assert w[0].grad is not None and torch.allclose(w[0].grad, mu * (params[0] - anchor[0]), atol=1e-5)
     with pytest.raises(ValueError, match="2 parameters but 1 anchors"):
         prox_loss(logits, y, params, anchor[:1], mu)
 

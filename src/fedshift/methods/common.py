@@ -18,6 +18,7 @@ import torch
 from ..data.loading import normalize
 from ..engine.averaging import weighted_average
 from ..engine.federation import frozen_copy
+from .base import Method
 
 
 def average_models(clients, weighting: str = "samples") -> Dict[str, torch.Tensor]:
@@ -56,12 +57,15 @@ def frozen_from_state(like: torch.nn.Module, state: Mapping[str, torch.Tensor]) 
     return m
 
 
-class PublicOptimizerState:
-    """Mixin for :class:`AveragingMethod` subclasses: the persistent public optimisers as state.
+class PublicOptimizerState(Method):
+    """Mixin for :class:`AveragingMethod` subclasses (first in the bases): the persistent public
+    optimisers as state.
 
     With ``fresh_optimizer`` the optimisers hold nothing across batches; without it
     their Adam moments live across rounds and go into the method's state.
     """
+
+    _public_opts: Dict[str, Any]  # participant name -> its public optimiser
 
     def optimizer_state(self) -> Dict[str, Any]:
         if self.p.fresh_optimizer:

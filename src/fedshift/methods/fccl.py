@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, ClassVar, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -140,7 +140,7 @@ class FCCL(AveragingMethod):
     name = "fccl"
     public_graphs = "engine"  # engine.public_graphs: all keeps every participant's graph, one keeps one
     weight_copies = 2  # the round's starting model (inter-domain teacher) + the pretrained (intra) one
-    Params = FCCLParams
+    Params: ClassVar[type] = FCCLParams  # ClassVar[type]: FCCL+ names its own
     uses_public = True
     paper_averaging = "before_local"  # the printed Table XV / CVPR Table 3 rows (per participant); code: after_local (docs/fccl.md)
 
@@ -194,7 +194,7 @@ class FCCL(AveragingMethod):
                 return [c.state["prev"].forward_with_features(xb) for c in clients]
 
         if fed.cfg.public_graphs == "one":  # same maths, one participant's graph alive at a time
-            cache = {}
+            cache: Dict[str, Any] = {}
 
             def losses(outs):
                 return self.colla_losses(outs, cache["prev"])

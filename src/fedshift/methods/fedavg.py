@@ -39,7 +39,7 @@ Which models are scored (``eval_models``, docs/fccl.md "Which models each table 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict
+from typing import ClassVar, Dict, Optional
 
 import torch
 
@@ -70,6 +70,13 @@ class ServerAveraging(Method):
     """
 
     requires_homogeneous = True
+    _next_global: Optional[Dict[str, torch.Tensor]] = None  # the round's new global weights, set by local_update
+
+    def _fused(self, fed):
+        """The fused local objective (engine.fused decides to fuse only a method that has one)."""
+        if self.fused_objective is None:
+            raise TypeError(f"method {self.name!r} has no fused_objective")
+        return self.fused_objective(fed)
 
     @property
     def supports_sampling(self) -> bool:
@@ -130,14 +137,14 @@ class ServerAveraging(Method):
             self._next_global = None
             if use_fused(fed, fed.clients):  # each participant from its own weights, one vmapped step
                 fed.fused_rounds = getattr(fed, "fused_rounds", 0) + 1
-                return fused_local_update(fed, fed.clients, objective=self.fused_objective(fed))
+                return fused_local_update(fed, fed.clients, objective=self._fused(fed))
             return fed.train_participants(loss_fn=lambda cl, x, y, s: self.local_loss(fed, cl, x, y, s))
         clients = round_clients(fed, r)
         global_state = {k: v.detach().clone() for k, v in fed.clients[0].model.state_dict().items()}
         self.begin_round(fed, r, global_state)
         weights = [c.num_private if self.p.weighting == "samples" else 1.0 for c in clients]
         if use_fused(fed, clients):  # engine.fused_clients: one vmapped step for all sampled clients
-            losses, average = fused_round(fed, clients, weights, self.fused_objective(fed), global_state)
+            losses, average = fused_round(fed, clients, weights, self._fused(fed), global_state)
             self._next_global = self.aggregate(fed, average, global_state)
             return losses
         avg = RunningAverage(sum(weights))
@@ -156,6 +163,7 @@ class ServerAveraging(Method):
         if self.local_protocol:
             return
         new, self._next_global = self._next_global, None
+        assert new is not None, "after_round before local_update"
         for m in unique_models(fed):
             m.load_state_dict(new)
 
@@ -169,7 +177,7 @@ class FedAvg(ServerAveraging):
     """FedAvg: local training from the global model, then sample-weighted parameter averaging."""
 
     name = "fedavg"
-    Params = FedAvgParams
+    Params: ClassVar[type] = FedAvgParams  # ClassVar[type]: subclasses name their own Params
 
     def fused_objective(self, fed):
         """The local loss for engine.fused_clients (engine/fused.py): cross-entropy."""

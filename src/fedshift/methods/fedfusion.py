@@ -39,7 +39,7 @@ every model holds between rounds and the engine saves).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Dict, Literal, Optional, Tuple
+from typing import ClassVar, Dict, Literal, Optional, Tuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -52,7 +52,8 @@ from ..models.base import FedModel
 from .base import METHODS
 from .fedavg import ServerAveraging
 
-OPERATORS = ("conv", "multi", "single")
+Operator = Literal["conv", "multi", "single"]
+OPERATORS: Tuple[Operator, ...] = ("conv", "multi", "single")
 
 
 def fuse_conv(local: torch.Tensor, glob: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -151,12 +152,13 @@ class FedFusion(ServerAveraging):
         op = self.p.operator
         wrapped: Dict[int, FusedModel] = {}
         for m in unique_models(fed):
-            channels = feature_channels(m, fed.data.image_shape, fed.device)
-            wrapped[id(m)] = FusedModel(m, op, channels).to(fed.device)
+            base = cast(FedModel, m)  # the registry's models are FedModels
+            channels = feature_channels(base, fed.data.image_shape, fed.device)
+            wrapped[id(m)] = FusedModel(base, op, channels).to(fed.device)
         for c in fed.clients:  # server-model mode: every client keeps sharing one module
             c.model = wrapped[id(c.model)]
         super().setup(fed)
-        self.global_net = frozen_copy(fed.clients[0].model)  # E_g: refilled every round
+        self.global_net = cast(FusedModel, frozen_copy(fed.clients[0].model))  # E_g: refilled every round
 
     def begin_round(self, fed, r: int, global_state: Dict[str, torch.Tensor]) -> None:
         self.global_net.load_state_dict(global_state)
@@ -183,7 +185,7 @@ class FedFusion(ServerAveraging):
         return average
 
 
-def _variant(op: str):
+def _variant(op: Operator):
     @dataclass(frozen=True)
     class Params(FedFusionParams):
         operator: Literal["conv", "multi", "single"] = op  # fixed by the method name

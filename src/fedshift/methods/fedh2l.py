@@ -259,6 +259,7 @@ class FedH2L(StepwiseMethod):
     def global_update(self, node: _Node, grad: torch.Tensor) -> None:
         """The global AMSGrad step on ``grad`` projected against g_loc (Eq. 8 or the Table V variant)."""
         node.buf.copy_(project_gradient(grad, node.gloc, self.p.projection))
+        assert node.opt_global is not None  # FedH2L's nodes are built with both optimisers
         node.opt_global.step()
 
     def node_state(self, node: _Node) -> Dict[str, Any]:

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Dict, Literal, Optional
+from typing import Callable, ClassVar, Dict, Literal, Optional
 
 import torch
 
@@ -68,7 +68,7 @@ class FedMMDL2Params:
             raise ValueError(f"lam must be >= 0, got {self.lam}")
 
 
-CONSTRAINTS = {"mmd": mmd2_rbf, "l2": two_stream_l2}
+CONSTRAINTS: Dict[str, Callable[..., torch.Tensor]] = {"mmd": mmd2_rbf, "l2": two_stream_l2}
 
 
 @METHODS.register("fedmmd")
@@ -76,12 +76,12 @@ class FedMMD(ServerAveraging):
     """Two-stream local training: CE + lambda * MMD^2 between the frozen global and the local outputs."""
 
     name = "fedmmd"
-    Params = FedMMDParams
+    Params: ClassVar[type] = FedMMDParams  # ClassVar[type]: FedMMDL2 names its own
 
     def setup(self, fed) -> None:
         super().setup(fed)
         self.global_net = frozen_copy(fed.clients[0].model)  # one frozen copy, refilled every round
-        self.penalty = CONSTRAINTS[self.p.constraint]
+        self.penalty: Callable[..., torch.Tensor] = CONSTRAINTS[self.p.constraint]
         if self.p.constraint == "mmd":
             self.penalty = partial(mmd2_rbf, min_scale=self.p.min_kernel_scale)
 

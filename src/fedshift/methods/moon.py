@@ -42,12 +42,13 @@ buffers), in :meth:`MOON.state_dict`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Literal, Mapping
+from typing import Any, Dict, Literal, Mapping, cast
 
 import torch
 import torch.nn.functional as F
 
 from ..losses import moon_contrastive_loss
+from ..models.base import FedModel
 from .base import METHODS, ServerParams
 from .common import frozen_from_state, model_state, refresh_copy
 from .fedavg import FedAvg
@@ -101,8 +102,8 @@ class MOON(FedAvg):
             for t in (glob, prev):
                 t.train(self.p.teacher_bn == "train")  # frozen copies: eval mode unless asked
             with torch.no_grad():
-                h_glob = glob.features(x)
-                h_prev = prev.features(x)
+                h_glob = cast(FedModel, glob).features(x)
+                h_prev = cast(FedModel, prev).features(x)
             loss = loss + self.p.mu * moon_contrastive_loss(h, h_glob, h_prev, self.p.tau)
         return loss
 
