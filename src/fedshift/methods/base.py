@@ -56,6 +56,17 @@ class ServerParams(BaseParams):
     eval_models: Literal["global", "local"] = "global"
 
 
+#: The keys of ServerParams that make a protocol: a table compares server-averaging rows fairly only
+#: when they agree on these (params/experiments.yaml's scenario_overrides set them per scenario).
+PROTOCOL_KEYS: Tuple[str, ...] = ("eval_models", "weighting")
+
+
+def server_family(cls: Type["Method"]) -> bool:
+    """Whether a method class belongs to the server-averaging (FedAvg) family: its Params extend
+    :class:`ServerParams` (plugins included). A scenario's protocol override reaches the whole family."""
+    return issubclass(cls.Params, ServerParams)
+
+
 class Method:
     name: ClassVar[str] = "base"
     Params: ClassVar[type] = BaseParams
