@@ -18,7 +18,7 @@ from fedshift.methods.fdse import (DSEConv2d, DSELinear, consistency_loss, decom
                                    min_norm_weights, similarity_aggregate)
 from fedshift.models import create_model
 
-from helpers import resumed_round_three, synthetic_federation, tiny_federation
+from fedshift.testing import resumed_round_three, synthetic_federation, tiny_federation
 
 DT = torch.float64
 

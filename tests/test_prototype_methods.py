@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from fedshift.methods import create_method
 from fedshift.methods import prototypes as P
 
-from helpers import resumed_round_three, synthetic_federation, tiny_federation
+from fedshift.testing import resumed_round_three, synthetic_federation, tiny_federation
 
 DT = torch.float64
 

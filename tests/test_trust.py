@@ -22,7 +22,7 @@ from fedshift.engine import checkpoint
 from fedshift.errors import ConfigError, NonFiniteError
 from fedshift.experiments import load_experiments
 
-from helpers import tiny_federation
+from fedshift.testing import tiny_federation
 
 DATA = {"scenarios": {"rotmnist": {}}, "public": {"photo_patches": {}}}
 

@@ -79,7 +79,7 @@ State across rounds: the global prototypes (C x d) and which classes have one
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Literal, Mapping, Optional
+from typing import Any, ClassVar, Dict, Literal, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
@@ -124,7 +124,7 @@ class FedProto(Method):
     """FedProto: class prototypes exchanged instead of parameters; CE + lamda * MSE to the global prototypes."""
 
     name = "fedproto"
-    Params = FedProtoParams
+    Params: ClassVar[type] = FedProtoParams  # ClassVar[type]: FedTGP names its own
     weight_copies = 0  # one model per participant; the prototypes are C x d
     supports_sampling = True  # only the round's sampled clients train and upload (serverproto.py:29-44)
     supports_server_model = False
@@ -150,7 +150,7 @@ class FedProto(Method):
         h, logits = client.model.forward_with_features(x)
         rep = self.rep(h)
         loss = F.cross_entropy(logits, y)
-        if self.protos is not None and self.p.lamda > 0:
+        if self.protos is not None and self.present is not None and self.p.lamda > 0:
             reg = proto_paper_loss if getattr(self.p, "reg_form", "code") == "paper" else proto_mse_loss
             loss = loss + self.p.lamda * reg(rep, y, self.protos, self.present)
         if self.p.local_protos == "training":
@@ -166,12 +166,15 @@ class FedProto(Method):
         was = client.model.training
         client.model.eval()
         b = fed.cfg.eval_batch
-        s = n = None
+        s: Optional[torch.Tensor] = None
+        n: Optional[torch.Tensor] = None
         for i in range(0, len(y), b):
             rep = self.rep(client.model.features(normalize(x[i:i + b])))
             ds, dn = class_sums(rep.to(torch.promote_types(rep.dtype, torch.float32)), y[i:i + b], self.num_classes)
-            s, n = (ds, dn) if s is None else (s + ds, n + dn)
+            s, n = (ds, dn) if s is None or n is None else (s + ds, n + dn)
         client.model.train(was)
+        if s is None or n is None:
+            raise ValueError(f"{client.name} has no private data to build prototypes from")
         return s / n.clamp(min=1).unsqueeze(1), n
 
     def local_update(self, fed, r: int) -> Dict[str, float]:
@@ -195,7 +198,7 @@ class FedProto(Method):
 
     # -- resumable state ------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
-        if self.protos is None:
+        if self.protos is None or self.present is None:  # both None before the first upload
             return {}
         return {"protos": self.protos.detach().cpu().clone(), "present": self.present.cpu().clone()}
 

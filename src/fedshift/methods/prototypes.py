@@ -8,7 +8,7 @@ commits the docstrings of those modules name.
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -205,7 +205,8 @@ def first_neighbour_partition(x: Tensor) -> Tensor:
         a, b = root(i), root(j)
         if a != b:
             parent[max(a, b)] = min(a, b)
-    labels, out = {}, []
+    labels: Dict[int, int] = {}
+    out: List[int] = []
     for i in range(n):
         out.append(labels.setdefault(root(i), len(labels)))
     return torch.tensor(out, dtype=torch.long)
