@@ -95,11 +95,14 @@ class PrototypeScoring:
     def install(model: nn.Module, method) -> None:
         """Put one such hook on ``model.head``, removing any earlier one (of an earlier method object);
         ``method=None`` only removes."""
-        hooks = model.head._forward_hooks
+        head = model.head
+        if not isinstance(head, nn.Module):
+            raise TypeError(f"nearest-prototype scoring needs the model's classifier `head` as a module, got {type(head).__name__}")
+        hooks = head._forward_hooks
         for k in [k for k, h in hooks.items() if isinstance(h, PrototypeScoring)]:
             del hooks[k]
         if method is not None:
-            model.head.register_forward_hook(PrototypeScoring(method))
+            head.register_forward_hook(PrototypeScoring(method))
 
 
 def class_sums(rep: Tensor, labels: Tensor, num_classes: int) -> Tuple[Tensor, Tensor]:
