@@ -39,6 +39,11 @@ class EngineConfig:
     eval_round0: bool = True  # also evaluate the starting models (round 0 of rounds.csv); the authors' code does not
     eval_batch: int = 256  # inference batch (evaluation, figure data): fastest on CPU (benchmarks/bench_vs_reference.py)
     bf16: bool = False  # bf16 autocast in evaluation; needs hardware bf16 (AVX-512 BF16, AMX or CUDA), refused otherwise
+    # Inference levers (engine/evaluation.py; auto = the value measured for this CPU kind, EVAL_DEFAULTS,
+    # benchmarks/bench_eval.py): BatchNorm folded into the conv of an inference copy; the input batch in the
+    # weights' layout (NHWC under channels_last)
+    eval_fold_bn: Union[bool, Literal["auto"]] = "auto"
+    eval_channels_last: Union[bool, Literal["auto"]] = "auto"
     # glibc: keep freed blocks up to this many MB in the heap for reuse instead of unmapping them and faulting
     # fresh pages in on the next step (engine/cpu.py). true = 1024 (every activation buffer: fastest, ~1 GB
     # more peak RSS); false = glibc's own threshold (most page faults, least memory). 64: the FCCL+ Digits
@@ -102,6 +107,9 @@ class EngineConfig:
                 object.__setattr__(self, key, on if getattr(self, key) else "off")
             if getattr(self, key) not in allowed:
                 raise ValueError(f"{key} must be one of {allowed}, got {getattr(self, key)!r}")
+        for key in ("eval_fold_bn", "eval_channels_last"):
+            if getattr(self, key) not in (True, False, "auto"):
+                raise ValueError(f"{key} must be true, false or auto, got {getattr(self, key)!r}")
         for key in ("rounds", "local_batch", "public_batch", "eval_every", "eval_batch", "last_k"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
