@@ -15,9 +15,9 @@ agreement with ``baseline`` (share of images whose predicted class is the same).
     fold        BatchNorm folded into the convolutions of an inference copy (eval_fold_bn)
     cl          input buffer in the weights' layout, NHWC (eval_channels_last)
     fold_cl     both
-    fold_cl_b512 / fold_cl_b128   both, eval batch 512 / 128
+    fold_cl_b512 / fold_cl_b128, fold_b512 / fold_b128   eval batch 512 / 128
     bf16        bf16 autocast (engine.bf16), hardware bf16 only
-    fold_cl_bf16  fold + cl + bf16
+    fold_bf16, fold_cl_bf16, fold_bf16_b128   combinations
 
 ``--compile``: also torch.compile (inductor, freezing) of the folded copy, one model at a
 time, compilation counted separately (a one-off per model per process and per weights:
@@ -47,7 +47,11 @@ SETTINGS = {
     "fold_cl": dict(fold=True, channels_last=True, batch=256, bf16=False),
     "fold_cl_b512": dict(fold=True, channels_last=True, batch=512, bf16=False),
     "fold_cl_b128": dict(fold=True, channels_last=True, batch=128, bf16=False),
+    "fold_b128": dict(fold=True, channels_last=False, batch=128, bf16=False),
+    "fold_b512": dict(fold=True, channels_last=False, batch=512, bf16=False),
     "bf16": dict(fold=False, channels_last=False, batch=256, bf16=True),
+    "fold_bf16": dict(fold=True, channels_last=False, batch=256, bf16=True),
+    "fold_bf16_b128": dict(fold=True, channels_last=False, batch=128, bf16=True),
     "fold_cl_bf16": dict(fold=True, channels_last=True, batch=256, bf16=True),
 }
 
@@ -66,15 +70,19 @@ def main(argv=None) -> None:
 
     from fedshift.engine.cpu import autocast, bf16_supported, cpu_kind
     from fedshift.engine.evaluation import correct_topk, inference_copy
-    from fedshift.models import get_structure
-    from fedshift.runner import _setup_torch, build_models
+    from fedshift.engine.cpu import tune_allocator
+    from fedshift.models import create_model, get_structure
 
-    _setup_torch("cpu", args.threads, malloc_tuning=64)
+    torch.set_num_threads(args.threads)
+    tune_allocator(64)  # engine.malloc_tuning: 64, the default
     dev = torch.device("cpu")
     kind = cpu_kind()
     settings = [s for s in args.settings if not SETTINGS[s]["bf16"] or bf16_supported(dev)]
     archs = get_structure("fcclplus_digits").assign(4)
-    models = build_models(archs, 10, 3, "default", 0)
+    models = []
+    for i, a in enumerate(archs):
+        torch.manual_seed(i)
+        models.append(create_model(a, num_classes=10, in_channels=3))
     g = torch.Generator().manual_seed(0)
     for m in models:
         m.to(memory_format=torch.channels_last)  # engine.channels_last (the default)
@@ -142,10 +150,11 @@ def main(argv=None) -> None:
         import torch._inductor.config as inductor_cfg
 
         inductor_cfg.freezing = True  # constant weights: conv+bn folded, weights prepacked for oneDNN
-        say("\ntorch.compile (inductor, freezing) of the folded copy, fp32, channels_last input:\n")
-        say("| model | compile + first batch s | compiled s | eager fold_cl s | ratio eager / compiled |")
+        say("\ntorch.compile (inductor, freezing) of the folded copy, fp32, channels_last input, "
+            "against eager `fold` interleaved:\n")
+        say("| model | compile + first batch s | compiled s | eager fold s | ratio eager / compiled |")
         say("| --- | ---: | ---: | ---: | ---: |")
-        s = SETTINGS["fold_cl"]
+        s = SETTINGS["fold"]
         for a, m in zip(archs, models):
             cm = inference_copy(m, True).eval()
             xb = x[:256].float().div_(255).contiguous(memory_format=torch.channels_last)

@@ -120,13 +120,50 @@ def test_bf16_gated_on_the_cpu_flag(monkeypatch):
     with cpu.autocast("auto", dev):
         assert not torch.is_autocast_enabled("cpu")
     monkeypatch.setattr(cpu, "bf16_supported", lambda device: True)
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
     assert cpu.bf16_on("auto", dev) is True
     with cpu.autocast("auto", dev):
         assert torch.is_autocast_enabled("cpu")
+    assert cpu.bf16_on("auto", torch.device("cuda")) is False  # auto: the CPU kind's measured default only
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")  # AVX2 kernels: emulated bf16
+    assert cpu.bf16_on("auto", dev) is False
 
 
 def test_engine_config_checks_the_switches():
-    assert EngineConfig().eval_fold_bn == "auto" and EngineConfig().eval_channels_last == "auto"
-    EngineConfig(eval_fold_bn=False, eval_channels_last=True)
-    with pytest.raises(ValueError, match="eval_fold_bn"):
-        EngineConfig(eval_fold_bn="yes")
+    cfg = EngineConfig()
+    assert cfg.eval_fold_bn == cfg.eval_channels_last == cfg.bf16 == "auto"
+    EngineConfig(eval_fold_bn=False, eval_channels_last=True, bf16=False)
+    for key in ("eval_fold_bn", "bf16"):
+        with pytest.raises(ValueError, match=key):
+            EngineConfig(**{key: "yes"})
+
+
+def test_compile_turns_auto_folding_off():
+    """With engine.compile on, the model runs compiled: a folded copy would recompile every evaluation."""
+    from fedshift.engine.evaluation import inference_levers
+
+    cpu_dev = torch.device("cpu")
+    assert inference_levers(EngineConfig(compile="default"), cpu_dev)[0] is False
+    assert inference_levers(EngineConfig(compile="default", eval_fold_bn=True), cpu_dev)[0] is True
+    assert inference_levers(EngineConfig(eval_fold_bn=False), cpu_dev) == (False, False)
+
+
+def test_federation_evaluation_with_and_without_the_levers():
+    """Federation.evaluate gives the same accuracies with the inference levers on and off (float32)."""
+    from fedshift.data.loading import ClientData, FederatedData
+    from fedshift.engine.federation import Federation
+
+    g = torch.Generator().manual_seed(0)
+
+    def part(n):
+        return torch.randint(0, 256, (n, 3, 32, 32), generator=g, dtype=torch.uint8), torch.randint(0, 10, (n,), generator=g)
+
+    data = FederatedData(scenario="t", num_classes=10, image_shape=(3, 32, 32), public=part(8)[0], public_name="p",
+                         clients=[ClientData(name=n, domain=n, splits={"private": part(8), "test": part(12)})
+                                  for n in ("a", "b")])
+    rows = {}
+    for on in (False, True):
+        models = [trained_looking("resnet10", 0), trained_looking("mobilenet_v2", 1)]
+        cfg = EngineConfig(device="cpu", eval_fold_bn=on, eval_channels_last=on, bf16=False)
+        rows[on] = Federation(data, models, ["resnet10", "mobilenet_v2"], cfg, 0, torch.device("cpu")).evaluate()
+    assert rows[True] == rows[False]

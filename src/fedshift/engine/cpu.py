@@ -103,9 +103,10 @@ def cpu_kind() -> str:
 
 
 def bf16_on(setting, device: torch.device) -> bool:
-    """``engine.bf16`` resolved: ``auto`` = on where bf16 autocast runs on hardware bf16."""
+    """``engine.bf16`` resolved: ``auto`` = on for the CPU kind ``avx512_bf16`` only (measured with
+    benchmarks/bench_eval.py; CUDA and other kinds: off, not measured or emulated)."""
     if setting == "auto":
-        return bf16_supported(device)
+        return device.type == "cpu" and cpu_kind() == "avx512_bf16"
     return bool(setting)
 
 

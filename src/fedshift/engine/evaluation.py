@@ -20,7 +20,9 @@ the value measured for this CPU kind in :data:`EVAL_DEFAULTS`, benchmarks/bench_
   (tests/test_eval_levers.py bounds it).
 * channels_last input: the normalised batch is written in the layout of the model's
   weights (NHWC under ``engine.channels_last``), so the first convolution does not
-  convert it.
+  convert it (measured slower: off on every kind).
+* bf16 autocast (``engine.bf16``, :mod:`.cpu`): ``auto`` = on for the ``avx512_bf16``
+  kind only.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import copy
 from dataclasses import dataclass
-from typing import ContextManager, Dict, List, Optional, Sequence, Union
+from typing import ContextManager, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -56,12 +58,14 @@ class EvalSuite:
 
 # ------------------------------------------------------------- inference levers
 # engine.eval_fold_bn / engine.eval_channels_last: auto -> the value measured fastest on each CPU kind
-# (engine.cpu.cpu_kind) by benchmarks/bench_eval.py (results in benchmarks/results/eval_levers_<kind>.md).
-# A kind not listed (another architecture, CUDA) gets "other".
+# (engine.cpu.cpu_kind) by benchmarks/bench_eval.py, settings interleaved, 2 threads (tables in
+# benchmarks/results/eval_levers_*.md). Folded BatchNorm: 1.18x (1.17-1.25) on an idle AVX-512 BF16 + AMX Xeon,
+# 1.15x (1.06-1.17) there with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2. The NHWC input buffer was
+# slower on both (0.96x, 0.90-0.94x): off. A kind not listed (another architecture, CUDA) gets "other".
 EVAL_DEFAULTS: Dict[str, Dict[str, bool]] = {
-    "avx512_bf16": {"fold_bn": True, "channels_last": True},
-    "avx512": {"fold_bn": True, "channels_last": True},
-    "avx2": {"fold_bn": True, "channels_last": True},
+    "avx512_bf16": {"fold_bn": True, "channels_last": False},
+    "avx512": {"fold_bn": True, "channels_last": False},  # not measured apart: as avx512_bf16 (same fp32 kernels)
+    "avx2": {"fold_bn": True, "channels_last": False},
     "other": {"fold_bn": False, "channels_last": False},  # not measured (GPUs, other CPUs): off
 }
 
@@ -76,6 +80,16 @@ def eval_lever(name: str, setting: Union[bool, str], device: torch.device, kind:
 
         kind = cpu_kind() if device.type == "cpu" else "other"
     return EVAL_DEFAULTS.get(kind, EVAL_DEFAULTS["other"])[name]
+
+
+def inference_levers(cfg, device: torch.device) -> Tuple[bool, bool]:
+    """``(fold, channels_last)`` of an evaluation under engine config ``cfg``. With ``engine.compile``
+    on, ``auto`` does not fold: the participant's model runs compiled, and a folded copy would be
+    a new graph to compile at every evaluation."""
+    compiled = getattr(cfg, "compile", "off") != "off"
+    fold = getattr(cfg, "eval_fold_bn", False)
+    fold = False if fold == "auto" and compiled else eval_lever("fold_bn", fold, device)
+    return fold, eval_lever("channels_last", getattr(cfg, "eval_channels_last", False), device)
 
 
 def _fold(conv: nn.Module, bn: nn.Module) -> Optional[nn.Module]:

@@ -23,7 +23,7 @@ from ..errors import NonFiniteError
 from ..models import FedModel
 from .config import EngineConfig, recompute_on
 from .cpu import autocast, release_memory
-from .evaluation import EvalSuite, eval_lever, evaluate_suite, intra_inter
+from .evaluation import EvalSuite, evaluate_suite, inference_levers, intra_inter
 from .levers import EngineLevers, drive, slot_device
 
 log = logging.getLogger(__name__)
@@ -274,7 +274,7 @@ class Federation:
 
     def eval_levers(self):
         """``(fold, channels_last)`` of the evaluation: engine.eval_fold_bn / eval_channels_last resolved."""
-        return tuple(eval_lever(k, getattr(self.cfg, f"eval_{k}", False), self.device) for k in ("fold_bn", "channels_last"))
+        return inference_levers(self.cfg, self.device)
 
     def test_sets(self):
         return {c.domain: c.data.get("test") for c in self.clients}
