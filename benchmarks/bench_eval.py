@@ -174,8 +174,8 @@ def main(argv=None) -> None:
                 tcs.append(time.perf_counter() - t0)
             say(f"| {a} | {tc:.1f} | {statistics.median(tcs):.2f} | {statistics.median(te):.2f} "
                 f"| {statistics.median(te) / statistics.median(tcs):.2f}x |")
-    say(f"\nload {os.getloadavg()[0]:.1f} at the end (a 2-core machine shared with other jobs: absolute seconds "
-        f"are not idle-machine figures; only the ratios, measured interleaved, compare)")
+    say(f"\nload {os.getloadavg()[0]:.1f} at the end ({os.cpu_count()} cores; with a load above the threads used, "
+        f"absolute seconds are not idle-machine figures; the ratios, measured interleaved, compare)")
     if args.out:
         args.out.write_text("\n".join(lines) + "\n")
 
