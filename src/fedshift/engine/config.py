@@ -163,7 +163,7 @@ class PretrainConfig:
     norm: Literal["default", "batch", "group", "none"] = "default"  # must match the federated runs using the checkpoint
     eval_every: int = 5  # evaluate on every domain's test set every k epochs (and the last)
     eval_batch: int = 256  # as EngineConfig.eval_batch
-    bf16: bool = False  # as EngineConfig.bf16 (pretraining's monitoring evaluation stays float32 unless asked)
+    bf16: Union[bool, Literal["auto"]] = "auto"  # as EngineConfig.bf16: round 0 of a federation scores BASE as its pretraining did
     channels_last: bool = True  # as EngineConfig.channels_last
     recompute: Union[bool, Literal["auto"]] = "auto"  # as EngineConfig.recompute
     malloc_tuning: Union[bool, int] = 64  # as EngineConfig.malloc_tuning
@@ -172,6 +172,8 @@ class PretrainConfig:
     checkpoint_every: int = 1  # write a resumable checkpoint every k epochs (0: never)
 
     def __post_init__(self):
+        if self.bf16 not in (True, False, "auto"):
+            raise ValueError(f"bf16 must be true, false or auto, got {self.bf16!r}")
         for key in ("epochs", "batch", "eval_every", "eval_batch"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
