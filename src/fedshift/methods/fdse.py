@@ -86,13 +86,14 @@ global shared tensors and every client's personalised tensors.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
-from typing import Any, Dict, List, Literal, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Dict, List, Literal, Mapping, Optional, Sequence, Set, Tuple, Union
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..engine.sampling import round_clients
 from .base import METHODS, Method, ServerParams
@@ -112,7 +113,7 @@ class FDSEParams(ServerParams):
     dw_size: int = 3  # DSE depthwise kernel of convolutions (algorithm/fdse.py:15); linear layers: 1 (:53)
     dfe_bn: Literal["auto", "always", "never"] = "auto"  # add a DFE BatchNorm where the host has none after the layer
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         if self.init != "scratch":
             raise ValueError("fdse decomposes every layer: it starts from scratch only (init: base has no "
                              "checkpoint of the decomposed layers)")
@@ -125,10 +126,18 @@ class FDSEParams(ServerParams):
 # ------------------------------------------------------------------ decomposed layers
 
 
-def _split_channels(out: int, ratio: int):
+def _split_channels(out: int, ratio: int) -> Tuple[int, int]:
     """(DFE channels, DSE channels) (algorithm/fdse.py:23-25)."""
     init = math.ceil(out / ratio) if ratio > 1 else out
     return init, (init * (ratio - 1) if ratio > 1 else out)
+
+
+def _pair(t: Tuple[int, ...]) -> Tuple[int, int]:
+    """A ``Conv2d``'s ``kernel_size`` / ``stride`` / ``padding`` / ``dilation``: always two ints once built (the
+    module stores them through ``_pair``); torch types the attributes ``tuple[int, ...]`` (shared with the
+    1d/3d convolutions), the ``Conv2d`` constructor ``int | tuple[int, int]``."""
+    assert len(t) == 2, t
+    return t[0], t[1]
 
 
 class DSEConv2d(nn.Module):
@@ -140,13 +149,14 @@ class DSEConv2d(nn.Module):
         super().__init__()
         self.oup, self.ratio = conv.out_channels, ratio
         init, new = _split_channels(conv.out_channels, ratio)
-        kw = dict(dtype=conv.weight.dtype)  # built on the CPU (its RNG), moved by decompose()
-        self.dfe_conv = nn.Conv2d(conv.in_channels, init, conv.kernel_size, conv.stride, conv.padding,
-                                  conv.dilation, bias=True, **kw)
-        self.dse_bn = nn.BatchNorm2d(init, **kw)
-        self.dse_conv = nn.Conv2d(init, new, dw_size, 1, dw_size // 2, groups=init, bias=False, **kw)
-        self.dfe_bias = nn.Parameter(torch.zeros(conv.out_channels, **kw))
-        self.dfe_bn = nn.BatchNorm2d(conv.out_channels, **kw) if dfe_bn else None
+        dtype = conv.weight.dtype  # built on the CPU (its RNG), moved by decompose()
+        padding = conv.padding if isinstance(conv.padding, str) else _pair(conv.padding)
+        self.dfe_conv = nn.Conv2d(conv.in_channels, init, _pair(conv.kernel_size), _pair(conv.stride), padding,
+                                  _pair(conv.dilation), bias=True, dtype=dtype)
+        self.dse_bn = nn.BatchNorm2d(init, dtype=dtype)
+        self.dse_conv = nn.Conv2d(init, new, dw_size, 1, dw_size // 2, groups=init, bias=False, dtype=dtype)
+        self.dfe_bias = nn.Parameter(torch.zeros(conv.out_channels, dtype=dtype))
+        self.dfe_bn = nn.BatchNorm2d(conv.out_channels, dtype=dtype) if dfe_bn else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x1 = self.dse_bn(self.dfe_conv(x))
@@ -163,12 +173,12 @@ class DSELinear(nn.Module):
         super().__init__()
         self.oup, self.ratio = lin.out_features, ratio
         init, new = _split_channels(lin.out_features, ratio)
-        kw = dict(dtype=lin.weight.dtype)
-        self.dfe_conv = nn.Conv2d(lin.in_features, init, 1, bias=True, **kw)
-        self.dse_bn = nn.BatchNorm2d(init, **kw)
-        self.dse_conv = nn.Conv2d(init, new, dw_size, 1, dw_size // 2, groups=init, bias=False, **kw)
-        self.dfe_bias = nn.Parameter(torch.zeros(lin.out_features, **kw))
-        self.dfe_bn = nn.BatchNorm1d(lin.out_features, **kw) if dfe_bn else None
+        dtype = lin.weight.dtype
+        self.dfe_conv = nn.Conv2d(lin.in_features, init, 1, bias=True, dtype=dtype)
+        self.dse_bn = nn.BatchNorm2d(init, dtype=dtype)
+        self.dse_conv = nn.Conv2d(init, new, dw_size, 1, dw_size // 2, groups=init, bias=False, dtype=dtype)
+        self.dfe_bias = nn.Parameter(torch.zeros(lin.out_features, dtype=dtype))
+        self.dfe_bn = nn.BatchNorm1d(lin.out_features, dtype=dtype) if dfe_bn else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x1 = self.dse_bn(self.dfe_conv(x[:, :, None, None]))
@@ -178,19 +188,19 @@ class DSELinear(nn.Module):
         return self.dfe_bn(x) if self.dfe_bn is not None else x
 
 
-def decompose(model: nn.Module, ratio: int = 2, dw_size: int = 3, dfe_bn: str = "auto") -> List[nn.Module]:
+def decompose(model: nn.Module, ratio: int = 2, dw_size: int = 3, dfe_bn: str = "auto") -> List[_BatchNorm]:
     """Replace, in place, every ``nn.Conv2d`` (``groups == 1``) and every ``nn.Linear`` but the top-level
     ``head`` by its DFE/DSE decomposition; return the DFE BatchNorms (the regulariser's layers) in the
     order of ``model.modules()``. ``dfe_bn``: ``auto`` adds a BatchNorm inside a layer unless the host
     module's next child after it is a BatchNorm (which then serves as its DFE BatchNorm)."""
-    host_bns = set()
+    host_bns: Set[int] = set()
 
-    def visit(parent: nn.Module, prefix: str):
+    def visit(parent: nn.Module, prefix: str) -> None:
         children = list(parent.named_children())
         for i, (name, child) in enumerate(children):
             full = f"{prefix}{name}"
             nxt = children[i + 1][1] if i + 1 < len(children) else None
-            followed = isinstance(nxt, nn.modules.batchnorm._BatchNorm)
+            followed = isinstance(nxt, _BatchNorm)
             add = dfe_bn == "always" or (dfe_bn == "auto" and not followed)
             if isinstance(child, nn.Conv2d) and child.groups == 1:
                 setattr(parent, name, DSEConv2d(child, ratio, dw_size, add).to(child.weight.device))
@@ -204,7 +214,7 @@ def decompose(model: nn.Module, ratio: int = 2, dw_size: int = 3, dfe_bn: str = 
 
     visit(model, "")
     return [m for name, m in model.named_modules()
-            if isinstance(m, nn.modules.batchnorm._BatchNorm)
+            if isinstance(m, _BatchNorm)
             and (name.endswith("dfe_bn") or id(m) in host_bns)]
 
 
@@ -291,10 +301,13 @@ def similarity_aggregate(tensors: Sequence[torch.Tensor], tau: float) -> List[to
 
 
 def consistency_loss(feats: Sequence[torch.Tensor], g_means: Sequence[torch.Tensor], g_vars: Sequence[torch.Tensor],
-                     weights: Sequence[float], momenta: Sequence[float], fn=None, vn=None):
+                     weights: Sequence[float], momenta: Sequence[float], fn: Optional[torch.Tensor] = None,
+                     vn: Optional[torch.Tensor] = None
+                     ) -> Tuple[Union[torch.Tensor, float], Optional[torch.Tensor], Optional[torch.Tensor]]:
     """(loss, fn, vn): algorithm/fdse.py:254-263. ``feats[i]``: layer i's per-channel batch mean of its input;
-    ``fn``/``vn``: the EMA carried from the previous step (None at the first)."""
-    loss_mean = loss_var = 0.0
+    ``fn``/``vn``: the EMA carried from the previous step (None at the first). With no layers: (0.0, fn, vn)."""
+    loss_mean: Union[torch.Tensor, float] = 0.0
+    loss_var: Union[torch.Tensor, float] = 0.0
     for f, g, v, w, m in zip(feats, g_means, g_vars, weights, momenta):
         mf, vf = f.mean(dim=0), f.var(dim=0)
         fn = (1.0 - m) * fn + m * mf if fn is not None else mf
@@ -309,6 +322,36 @@ def _channel_mean(x: torch.Tensor) -> torch.Tensor:
     return x.mean(dim=0).mean(dim=-1).mean(dim=-1) if x.dim() > 3 else x.mean(dim=0)
 
 
+def _tracked_stats(layer: _BatchNorm) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A DFE BatchNorm's running mean and variance (the regulariser's global statistics, :231-232)."""
+    if layer.running_mean is None or layer.running_var is None:
+        raise ValueError(f"fdse's regulariser reads the running statistics of the DFE BatchNorms; {layer} tracks "
+                         f"none (track_running_stats=False)")
+    return layer.running_mean, layer.running_var
+
+
+def _ema_momentum(layer: _BatchNorm) -> float:
+    """A DFE BatchNorm's momentum, the regulariser's EMA rate across layers and steps (:259-260)."""
+    if layer.momentum is None:
+        raise ValueError(f"fdse's regulariser carries its statistics with the DFE BatchNorms' momentum; {layer} has "
+                         f"momentum=None (a cumulative average)")
+    return layer.momentum
+
+
+@dataclass
+class _TrainContext:
+    """One client's local training (:meth:`FDSE._train`): what the regulariser reads and carries."""
+
+    g_means: List[torch.Tensor]  # global statistics at the start of local training (:231-232)
+    g_vars: List[torch.Tensor]
+    weights: List[float]  # softmax(beta * i) (:233-234)
+    momenta: List[float]  # the DFE BatchNorms' momenta (filled only when the regulariser runs)
+    reg: bool  # from the second round on, lmbd > 0 (:253)
+    feats: Dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> per-channel batch mean of its input
+    fn: Optional[torch.Tensor] = None  # the EMA carried across steps (:259-260)
+    vn: Optional[torch.Tensor] = None
+
+
 # ------------------------------------------------------------------ the method
 
 
@@ -317,7 +360,7 @@ class FDSE(Method):
     """FDSE: decomposed layers; DFE fairly aggregated (min-norm QP), DSE personalised by similarity."""
 
     name = "fdse"
-    Params = FDSEParams
+    Params: ClassVar[type] = FDSEParams
     requires_homogeneous = True
     weight_copies = 2  # per participant: its personalised DSE tensors; the global shared tensors
     supports_server_model = False
@@ -338,10 +381,12 @@ class FDSE(Method):
     def per_client_state(self) -> str:
         return "keeps each participant's domain-skew erasers and their BatchNorm statistics"
 
+    _ctx: Optional[_TrainContext]  # set by _train for the duration of one client's local training
+
     def setup(self, fed) -> None:
         self._fed = fed
         self._device = fed.device
-        self.layers: Dict[str, List[nn.Module]] = {}
+        self.layers: Dict[str, List[_BatchNorm]] = {}
         # the new layers' initialisation draws from the CPU generator only (whatever the device), from
         # the run's seed, and leaves every generator of the engine where it was
         with torch.random.fork_rng(devices=[]):
@@ -371,13 +416,14 @@ class FDSE(Method):
 
     def _train(self, fed, c, r: int) -> float:
         layers = self.layers[c.name]
-        ctx = {"feats": {}, "fn": None, "vn": None,
-               "g_means": [l.running_mean.detach().clone() for l in layers],
-               "g_vars": [l.running_var.detach().clone() for l in layers],
-               "weights": torch.softmax(torch.tensor([self.p.beta * i for i in range(len(layers))],
-                                                     dtype=torch.float64), 0).tolist(),
-               "momenta": [l.momentum for l in layers], "reg": r > 1 and self.p.lmbd > 0}
-        hooks = [l.register_forward_hook(lambda mod, inp, out, i=i: ctx["feats"].__setitem__(i, _channel_mean(inp[0])))
+        stats = [_tracked_stats(l) for l in layers]
+        reg = r > 1 and self.p.lmbd > 0
+        ctx = _TrainContext(g_means=[m.detach().clone() for m, _ in stats],
+                            g_vars=[v.detach().clone() for _, v in stats],
+                            weights=torch.softmax(torch.tensor([self.p.beta * i for i in range(len(layers))],
+                                                               dtype=torch.float64), 0).tolist(),
+                            momenta=[_ema_momentum(l) for l in layers] if reg else [], reg=reg)
+        hooks = [l.register_forward_hook(lambda mod, inp, out, i=i: ctx.feats.__setitem__(i, _channel_mean(inp[0])))
                  for i, l in enumerate(layers)]
         self._ctx = ctx
         try:
@@ -387,22 +433,21 @@ class FDSE(Method):
                 h.remove()
             self._ctx = None
 
-    def local_loss(self, fed, client, x, y, step):
+    def local_loss(self, fed, client, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
         ctx = self._ctx
         if ctx is not None:
-            ctx["feats"].clear()
+            ctx.feats.clear()
         loss = F.cross_entropy(client.model(x), y)
-        if ctx is None or not ctx["reg"] or not ctx["g_means"]:
+        if ctx is None or not ctx.reg or not ctx.g_means:
             return loss
-        fn, vn = (None if t is None else t.detach() for t in (ctx["fn"], ctx["vn"]))  # :269-270
-        feats = [ctx["feats"][i] for i in range(len(ctx["g_means"]))]
-        reg, ctx["fn"], ctx["vn"] = consistency_loss(feats, ctx["g_means"], ctx["g_vars"], ctx["weights"],
-                                                     ctx["momenta"], fn, vn)
+        fn, vn = (None if t is None else t.detach() for t in (ctx.fn, ctx.vn))  # :269-270
+        feats = [ctx.feats[i] for i in range(len(ctx.g_means))]
+        reg, ctx.fn, ctx.vn = consistency_loss(feats, ctx.g_means, ctx.g_vars, ctx.weights, ctx.momenta, fn, vn)
         return loss + self.p.lmbd * reg
 
     def _aggregate(self, clients) -> None:
         states = [c.model.state_dict() for c in clients]
-        new_shared = {}
+        new_shared: State = {}
         for k, cur in self.shared.items():
             if "num_batches_tracked" in k:  # algorithm/fdse.py:127-128
                 new_shared[k] = torch.stack([s[k] for s in states]).sum(0)
