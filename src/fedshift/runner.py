@@ -39,7 +39,7 @@ import torch
 from .data import store
 from .data.loading import load_federated
 from . import provenance
-from .engine import checkpoint, fused, h2l_metrics
+from .engine import checkpoint, fused
 from .engine.config import EngineConfig, PretrainConfig, check_cuda, malloc_keep_mb
 from .engine.cpu import check_bf16, set_trim, tune_allocator
 from .engine.federation import Federation, derive_seeds, resolve_device, summarise
@@ -247,6 +247,19 @@ def _manifest_paths(manifests: Dict[str, str], cfg: Dict[str, Any], public_dir: 
     return out
 
 
+def tracked_summary(cfg: Dict[str, Any], metrics: Dict[str, Any]) -> Dict[str, Any]:
+    """A federated run's ``metrics`` with the headline keys its method keeps out of MLflow removed
+    (:meth:`Method.tracked_metrics`); metrics.json keeps them all."""
+    method = create_method(cfg["base_method"], cfg["method_params"], cfg["scenario"], f"methods.{cfg['method']}")
+    return {**metrics, "headline": method.tracked_metrics(metrics.get("headline") or {}, engine_config(cfg))}
+
+
+def engine_config(cfg: Dict[str, Any], **override: Any) -> EngineConfig:
+    """The typed engine section of a resolved config (YAML lists become tuples), with ``override`` applied."""
+    return EngineConfig(**{**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg["engine"].items()},
+                           **override})
+
+
 def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None, allow_code_change: bool = False) -> Dict[str, Any]:
     """Run a federated job described by a resolved config (see ``fedshift.experiments``).
 
@@ -256,7 +269,7 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None, allow_code_ch
     tracker = tracker or NullTracker()
     out_dir = Path(out_dir)
     check_writable(out_dir)
-    eng = EngineConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg["engine"].items()})
+    eng = engine_config(cfg)
     device = _setup_torch(eng.device, eng.threads, eng.deterministic, eng.malloc_tuning)
     set_trim(eng.malloc_trim)
     check_bf16(eng.bf16, device)
@@ -309,12 +322,11 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None, allow_code_ch
     history_g: List[Dict[str, float]] = []  # tuning on the global model: global/val/top1 per global evaluation
     rounds_g: List[int] = []
     global_eval = GlobalEvaluator(fed, method, eng)  # server-side metric (FedMMD/FedFusion); no-op when off
-    h2l_tracked = h2l_metrics.tracked(cfg["engine"])  # FedH2L's metrics in MLflow only where the grid asks
 
     def evaluate(r: int):
         t = time.time()
         rows = fed.evaluate()
-        extra_rows, extra = h2l_metrics.extra_evaluation(fed, rows)  # FedH2L WDP/CDP/ACC (+ validation ACC)
+        extra_rows, extra = method.evaluation_extras(fed, rows)  # e.g. pooled WDP/CDP/ACC (+ validation ACC)
         timings["eval_s"] += time.time() - t
         rows = rows + extra_rows if eng.pooled_rows else rows
         for row in rows:
@@ -322,7 +334,7 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None, allow_code_ch
         all_rows.extend(rows)
         summ = summarise([row for row in rows if row["domain"] not in ("pooled", "val")])
         summ.update(extra)
-        tracker.log_metrics(summ if h2l_tracked else h2l_metrics.without_h2l(summ), step=r)
+        tracker.log_metrics(method.tracked_metrics(summ, eng), step=r)
         return summ
 
     start = 1
@@ -408,8 +420,9 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None, allow_code_ch
     if fed.skipped_batches:
         print(f"[{cfg['run_name']}] done with {fed.skipped_batches} of {fed.checked_batches} batches skipped "
               "for a non-finite loss (engine.on_nonfinite: skip_batch)", flush=True)
-    if eng.select == "best_val":  # FedH2L § IV-A model selection
-        metrics["headline"], metrics["selected_rounds"] = h2l_metrics.best_val_headline(history, eval_rounds)
+    selected = method.select_headline(fed, history, eval_rounds)  # model selection (engine.select: best_val)
+    if selected is not None:
+        metrics["headline"], metrics["selected_rounds"] = selected
     if "tune" in cfg:  # a tuning candidate's validation score (fedshift.tune.select reads it)
         metrics["tune"] = (tune.score(history_g, rounds_g, cfg["tune"]["metric"]) if tune.global_metric(cfg)
                            else tune.score(history, eval_rounds, cfg["tune"]["metric"]))
@@ -563,8 +576,7 @@ def evaluate_run(run_dir: Path, device: str = "cpu", bf16: Optional[bool] = None
     _check_evaluated_data(run_dir, cfg, force)
     fix = f"rerun the job that published {run_dir}"
     saved = read_torch(path, fix, keys=("participants",))["participants"]
-    eng = EngineConfig(**{**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg["engine"].items()},
-                          "device": device, **({} if bf16 is None else {"bf16": bool(bf16)})})
+    eng = engine_config(cfg, device=device, **({} if bf16 is None else {"bf16": bool(bf16)}))
     dev = _setup_torch(device, eng.threads)
     check_bf16(eng.bf16, dev)
     verify_inputs([Path(cfg["paths"]["partition"])])  # a test set changed in place must not be scored
@@ -582,7 +594,8 @@ def evaluate_run(run_dir: Path, device: str = "cpu", bf16: Optional[bool] = None
     fed = Federation(data, models, archs, eng, int(cfg["seed"]), dev)
     rows = fed.evaluate()
     summ = summarise(rows)
-    summ.update(h2l_metrics.extra_evaluation(fed, rows)[1])  # WDP/CDP/ACC, as every evaluation of the run
+    method = create_method(cfg["base_method"], cfg["method_params"], cfg["scenario"], f"methods.{cfg['method']}")
+    summ.update(method.evaluation_extras(fed, rows)[1])  # what every evaluation of the run added
     return summ
 
 
