@@ -31,6 +31,7 @@ import logging
 import os
 import time
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
@@ -45,7 +46,7 @@ from .engine.cpu import check_bf16, set_trim, tune_allocator
 from .engine.federation import Federation, derive_seeds, resolve_device, summarise
 from .engine.sampling import GlobalEvaluator, check_engine
 from .errors import ConfigError, RunError
-from .methods import create_method
+from .methods import Method, create_method
 from .models import create_model
 from .tracking import NullTracker
 from .engine import selection as tune  # issue 36: early stopping and the validation score of tuning candidates
@@ -261,13 +262,53 @@ def engine_config(cfg: Dict[str, Any], **override: Any) -> EngineConfig:
 
 
 def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None, allow_code_change: bool = False) -> Dict[str, Any]:
-    """Run a federated job described by a resolved config (see ``fedshift.experiments``).
+    """Run a federated job described by a resolved config (see ``fedshift.experiments``): build it
+    (:func:`build_federate`), run its rounds (:class:`RunLoop`: resume, checkpoints, timings), publish it
+    (:func:`publish_federate`).
 
     Resumes from ``<out_dir>.partial/checkpoint.pt`` when it belongs to the same config, inputs and
     code (``allow_code_change``: resume a checkpoint written by other fedshift code).
     """
     tracker = tracker or NullTracker()
-    out_dir = Path(out_dir)
+    job = build_federate(cfg, Path(out_dir), tracker)
+    ckpt = job.load_checkpoint(allow_code_change)
+    loop = RunLoop(job, tracker)
+    loop.run(ckpt)
+    return publish_federate(job, loop, tracker)
+
+
+@dataclass
+class FederateJob:
+    """A federated job built from its config: the typed engine config, the method, the federation, and what
+    its checkpoints and published folder are checked against (config hash, input hashes, provenance)."""
+
+    cfg: Dict[str, Any]
+    out_dir: Path
+    eng: EngineConfig
+    device: torch.device
+    method: Method
+    fed: Federation
+    verify_s: float
+    cfg_hash: str
+    partial: Path
+    inputs: Dict[str, str]
+    record: Dict[str, Any]
+
+    @property
+    def run_name(self) -> str:
+        return self.cfg["run_name"]
+
+    def load_checkpoint(self, allow_code_change: bool) -> Optional[Dict[str, Any]]:
+        """This job's checkpoint when one of the same config, inputs and code is on disk (engine.checkpoint_every)."""
+        if not self.eng.checkpoint_every:
+            return None
+        return checkpoint.load(self.partial, self.cfg_hash, self.inputs, code=self.record["code"],
+                               allow_code_change=allow_code_change, last_round=self.eng.rounds)
+
+
+def build_federate(cfg: Dict[str, Any], out_dir: Path, tracker) -> FederateJob:
+    """Check the results folder and the inputs, then build the data, the models (BASE checkpoints loaded), the
+    method and the federation of a federated job; tag the tracker with its data and code."""
     check_writable(out_dir)
     eng = engine_config(cfg)
     device = _setup_torch(eng.device, eng.threads, eng.deterministic, eng.malloc_tuning)
@@ -310,122 +351,158 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None, allow_code_ch
     inputs = checkpoint.input_hashes(data.manifests, base_files)
     record = provenance.record(inputs, {**_manifest_paths(data.manifests, cfg, public_dir), **base_files}, cfg_hash)
     tracker.set_tags(provenance.tags(record["code"]))  # also on a resume: the code that runs now
-    ckpt = (checkpoint.load(partial, cfg_hash, inputs, code=record["code"], allow_code_change=allow_code_change,
-                            last_round=eng.rounds) if eng.checkpoint_every else None)
-    weights_only_checked = False  # a plugin's state_dict() is checked loadable at the first checkpoint
-    prog = _Progress(cfg["run_name"], eng.rounds, device_note(eng.device, device))
-    all_rows: List[dict] = []
-    history: List[Dict[str, float]] = []
-    timings = {"train_s": 0.0, "eval_s": 0.0, "checkpoint_s": 0.0, "verify_s": verify_s}
-    resumed: List[int] = []
-    eval_rounds: List[int] = []  # rounds of `history` (model selection: engine.select)
-    history_g: List[Dict[str, float]] = []  # tuning on the global model: global/val/top1 per global evaluation
-    rounds_g: List[int] = []
-    global_eval = GlobalEvaluator(fed, method, eng)  # server-side metric (FedMMD/FedFusion); no-op when off
+    return FederateJob(cfg, out_dir, eng, device, method, fed, verify_s, cfg_hash, partial, inputs, record)
 
-    def evaluate(r: int):
+
+class RunLoop:
+    """The rounds of a federated job: evaluations, tuning's early stop, checkpoints (their payload) and
+    resume from one, and the timings; what it gathers (rows, history...) is what :func:`publish_federate`
+    writes and what a checkpoint carries."""
+
+    def __init__(self, job: FederateJob, tracker):
+        self.job, self.tracker = job, tracker
+        self.fed, self.method, self.eng, self.cfg = job.fed, job.method, job.eng, job.cfg
+        self.prog = _Progress(job.run_name, self.eng.rounds, device_note(self.eng.device, job.device))
+        self.all_rows: List[dict] = []
+        self.history: List[Dict[str, float]] = []
+        self.timings = {"train_s": 0.0, "eval_s": 0.0, "checkpoint_s": 0.0, "verify_s": job.verify_s}
+        self.resumed: List[int] = []
+        self.eval_rounds: List[int] = []  # rounds of `history` (model selection: engine.select)
+        self.history_g: List[Dict[str, float]] = []  # tuning on the global model: global/val/top1 per global evaluation
+        self.rounds_g: List[int] = []
+        # the server-side metric (FedMMD/FedFusion); a no-op when engine.global_eval_every is 0
+        self.global_eval = GlobalEvaluator(self.fed, self.method, self.eng)
+        self.weights_only_checked = False  # a plugin's state_dict() is checked loadable at the first checkpoint
+        self.checkpoints_ok = True
+        self.last_checkpoint = 0.0
+
+    def evaluate(self, r: int) -> Dict[str, float]:
+        """Every participant on every domain's test set (+ the method's evaluation_extras); the summary."""
+        fed, method, eng = self.fed, self.method, self.eng
         t = time.time()
         rows = fed.evaluate()
         extra_rows, extra = method.evaluation_extras(fed, rows)  # e.g. pooled WDP/CDP/ACC (+ validation ACC)
-        timings["eval_s"] += time.time() - t
+        self.timings["eval_s"] += time.time() - t
         rows = rows + extra_rows if eng.pooled_rows else rows
         for row in rows:
             row["round"] = r
-        all_rows.extend(rows)
+        self.all_rows.extend(rows)
         summ = summarise([row for row in rows if row["domain"] not in ("pooled", "val")])
         summ.update(extra)
-        tracker.log_metrics(method.tracked_metrics(summ, eng), step=r)
+        self.tracker.log_metrics(method.tracked_metrics(summ, eng), step=r)
         return summ
 
-    start = 1
-    if ckpt is not None:
-        checkpoint.restore_federation(fed, method, ckpt)
-        all_rows, history = ckpt["rows"], ckpt["history"]
-        eval_rounds = list(ckpt.get("eval_rounds", []))
-        history_g, rounds_g = list(ckpt.get("history_g", [])), list(ckpt.get("rounds_g", []))
-        global_eval.curve = [tuple(c) for c in ckpt.get("global_curve", [])]
-        timings.update({k: v for k, v in ckpt["timings"].items() if k != "verify_s"})
-        resumed = ckpt["resumed"] + [ckpt["round"]]
-        start = ckpt["round"] + 1
-        log.info("resuming %s after round %d from %s", cfg["run_name"], ckpt["round"], partial)
-    else:
-        if eng.participant_eval and eng.eval_round0:
-            evaluate(0)
-        all_rows.extend(global_eval(0, tracker))
-    last_checkpoint = time.time()  # engine.checkpoint_min_s counts from the start (or resume) of the job
-    checkpoints_ok = True
-    for r in range(start, eng.rounds + 1):
-        fed.round = r
+    def resume(self, ckpt: Dict[str, Any]) -> int:
+        """Restore the federation, the method and the gathered results from a checkpoint; the next round."""
+        checkpoint.restore_federation(self.fed, self.method, ckpt)
+        self.all_rows, self.history = ckpt["rows"], ckpt["history"]
+        self.eval_rounds = list(ckpt.get("eval_rounds", []))
+        self.history_g, self.rounds_g = list(ckpt.get("history_g", [])), list(ckpt.get("rounds_g", []))
+        self.global_eval.curve = [tuple(c) for c in ckpt.get("global_curve", [])]
+        self.timings.update({k: v for k, v in ckpt["timings"].items() if k != "verify_s"})
+        self.resumed = ckpt["resumed"] + [ckpt["round"]]
+        log.info("resuming %s after round %d from %s", self.job.run_name, ckpt["round"], self.job.partial)
+        return ckpt["round"] + 1
+
+    def payload(self, r: int, state: Dict[str, Any]) -> Dict[str, Any]:
+        """A checkpoint after round ``r``: the job's identity, the federation ``state``, the results so far."""
+        job = self.job
+        return {"config_hash": job.cfg_hash, "inputs": job.inputs, "round": r,
+                "run_id": getattr(self.tracker, "run_id", None), "code": job.record["code"], **state,
+                "rows": self.all_rows, "history": self.history, "eval_rounds": self.eval_rounds,
+                "timings": self.timings, "history_g": self.history_g, "rounds_g": self.rounds_g,
+                "global_curve": [list(c) for c in self.global_eval.curve], "resumed": self.resumed}
+
+    def checkpoint_due(self, r: int) -> bool:
+        eng = self.eng
+        return bool(eng.checkpoint_every and r % eng.checkpoint_every == 0 and r < eng.rounds
+                    and time.time() - self.last_checkpoint >= eng.checkpoint_min_s and self.checkpoints_ok)
+
+    def save_checkpoint(self, r: int) -> None:
         t = time.time()
-        skipped0, checked0 = fed.skipped_batches, fed.checked_batches
-        train_metrics = method.run_round(fed, r)
-        timings["train_s"] += time.time() - t
-        check_skipped(fed, eng, cfg["run_name"], fed.skipped_batches - skipped0, fed.checked_batches - checked0)
-        _check_metrics(fed, train_metrics)
-        fed.check_weights()
-        tracker.log_metrics(train_metrics, step=r)
-        if eng.participant_eval and (r % eng.eval_every == 0 or r == eng.rounds):
-            summ = evaluate(r)
-            history.append(summ)
-            eval_rounds.append(r)
-            prog(r, f"inter top1 {summ['avg/inter/top1']:.3f} intra top1 {summ['avg/intra/top1']:.3f}")
-            if "tune" in cfg and tune.should_stop(history, cfg["tune"]["metric"], cfg["tune"]["patience"]):
-                prog(r, f"early stop: no better {cfg['tune']['metric']} in {cfg['tune']['patience']} evaluations")
-                break  # a tuning candidate (issue 36): its score is the best validation round so far
-        g_rows = global_eval(r, tracker)
-        all_rows.extend(g_rows)
-        if g_rows and tune.global_metric(cfg):  # a tuning candidate scored by its global model (issue 36)
-            history_g.append(tune.global_validation(fed, method, eng))
-            rounds_g.append(r)
-            tracker.log_metrics(history_g[-1], step=r)
-            if tune.should_stop(history_g, cfg["tune"]["metric"], cfg["tune"]["patience"]):
-                break
-        if g_rows and not eng.participant_eval:
-            prog(r, f"global top1 {g_rows[0]['top1']:.3f}")
-        if (eng.checkpoint_every and r % eng.checkpoint_every == 0 and r < eng.rounds
-                and time.time() - last_checkpoint >= eng.checkpoint_min_s and checkpoints_ok):
+        state = checkpoint.federation_state(self.fed, self.method)
+        if not self.weights_only_checked:
+            self.weights_only_checked = True
+            bad = checkpoint.weights_only_problem(state["method"])
+            if bad:  # saving would work; no resume could ever load it (issue 38)
+                self.checkpoints_ok = False
+                log.warning("method %r (%s): state_dict() key %r cannot be loaded with "
+                            "torch.load(weights_only=True) (%s); this run goes on without checkpoints "
+                            "(no resume): keep only tensors, numbers, strings and containers there",
+                            self.cfg["method"], self.cfg["base_method"], bad[0], bad[1])
+                return
+        size = checkpoint.save(self.job.partial, self.payload(r, state))
+        self.timings["checkpoint_s"] += time.time() - t
+        self.timings["checkpoint_bytes"] = size
+        self.last_checkpoint = time.time()
+
+    def run(self, ckpt: Optional[Dict[str, Any]] = None) -> None:
+        """Rounds from the start, or from the round after ``ckpt``, to engine.rounds (or tuning's early stop)."""
+        fed, method, eng, cfg, tracker, prog = self.fed, self.method, self.eng, self.cfg, self.tracker, self.prog
+        start = 1
+        if ckpt is not None:
+            start = self.resume(ckpt)
+        else:
+            if eng.participant_eval and eng.eval_round0:
+                self.evaluate(0)
+            self.all_rows.extend(self.global_eval(0, tracker))
+        self.last_checkpoint = time.time()  # engine.checkpoint_min_s counts from the start (or resume) of the job
+        for r in range(start, eng.rounds + 1):
+            fed.round = r
             t = time.time()
-            state = checkpoint.federation_state(fed, method)
-            if not weights_only_checked:
-                weights_only_checked = True
-                bad = checkpoint.weights_only_problem(state["method"])
-                if bad:  # saving would work; no resume could ever load it (issue 38)
-                    checkpoints_ok = False
-                    log.warning("method %r (%s): state_dict() key %r cannot be loaded with "
-                                "torch.load(weights_only=True) (%s); this run goes on without checkpoints "
-                                "(no resume): keep only tensors, numbers, strings and containers there",
-                                cfg["method"], cfg["base_method"], bad[0], bad[1])
-                    continue
-            size = checkpoint.save(partial, {
-                "config_hash": cfg_hash, "inputs": inputs, "round": r, "run_id": getattr(tracker, "run_id", None),
-                "code": record["code"], **state,
-                "rows": all_rows, "history": history, "eval_rounds": eval_rounds, "timings": timings,
-                "history_g": history_g, "rounds_g": rounds_g,
-                "global_curve": [list(c) for c in global_eval.curve],
-                "resumed": resumed})
-            timings["checkpoint_s"] += time.time() - t
-            timings["checkpoint_bytes"] = size
-            last_checkpoint = time.time()
-    timings["eval_s"] += global_eval.seconds
+            skipped0, checked0 = fed.skipped_batches, fed.checked_batches
+            train_metrics = method.run_round(fed, r)
+            self.timings["train_s"] += time.time() - t
+            check_skipped(fed, eng, cfg["run_name"], fed.skipped_batches - skipped0, fed.checked_batches - checked0)
+            _check_metrics(fed, train_metrics)
+            fed.check_weights()
+            tracker.log_metrics(train_metrics, step=r)
+            if eng.participant_eval and (r % eng.eval_every == 0 or r == eng.rounds):
+                summ = self.evaluate(r)
+                self.history.append(summ)
+                self.eval_rounds.append(r)
+                prog(r, f"inter top1 {summ['avg/inter/top1']:.3f} intra top1 {summ['avg/intra/top1']:.3f}")
+                if "tune" in cfg and tune.should_stop(self.history, cfg["tune"]["metric"], cfg["tune"]["patience"]):
+                    prog(r, f"early stop: no better {cfg['tune']['metric']} in {cfg['tune']['patience']} evaluations")
+                    break  # a tuning candidate (issue 36): its score is the best validation round so far
+            g_rows = self.global_eval(r, tracker)
+            self.all_rows.extend(g_rows)
+            if g_rows and tune.global_metric(cfg):  # a tuning candidate scored by its global model (issue 36)
+                self.history_g.append(tune.global_validation(fed, method, eng))
+                self.rounds_g.append(r)
+                tracker.log_metrics(self.history_g[-1], step=r)
+                if tune.should_stop(self.history_g, cfg["tune"]["metric"], cfg["tune"]["patience"]):
+                    break
+            if g_rows and not eng.participant_eval:
+                prog(r, f"global top1 {g_rows[0]['top1']:.3f}")
+            if self.checkpoint_due(r):
+                self.save_checkpoint(r)
+        self.timings["eval_s"] += self.global_eval.seconds
+
+
+def publish_federate(job: FederateJob, loop: RunLoop, tracker) -> Dict[str, Any]:
+    """metrics.json (headline, the method's model selection and summary), rounds.csv, models.pt, the method's
+    artifacts: published atomically once the data are rechecked; the checkpoint area is then cleared."""
+    cfg, eng, fed, method, history = job.cfg, job.eng, job.fed, job.method, loop.history
     metrics = {
         "run": cfg["run_name"],
-        "headline": {**headline(history, eng.last_k), **global_eval.summary(eng.last_k)},
+        "headline": {**headline(history, eng.last_k), **loop.global_eval.summary(eng.last_k)},
         "last_rounds": min(eng.last_k, len(history)),  # what the headline averages (default last_k 3 > rounds 2)
         "final": history[-1] if history else {},
-        "timings": {**timings, "resumed_after_rounds": resumed},
-        "device": str(device),
+        "timings": {**loop.timings, "resumed_after_rounds": loop.resumed},
+        "device": str(job.device),
         "skipped_batches": fed.skipped_batches,
         "checked_batches": fed.checked_batches,
     }
     if fed.skipped_batches:
         print(f"[{cfg['run_name']}] done with {fed.skipped_batches} of {fed.checked_batches} batches skipped "
               "for a non-finite loss (engine.on_nonfinite: skip_batch)", flush=True)
-    selected = method.select_headline(fed, history, eval_rounds)  # model selection (engine.select: best_val)
+    selected = method.select_headline(fed, history, loop.eval_rounds)  # model selection (engine.select: best_val)
     if selected is not None:
         metrics["headline"], metrics["selected_rounds"] = selected
     if "tune" in cfg:  # a tuning candidate's validation score (fedshift.tune.select reads it)
-        metrics["tune"] = (tune.score(history_g, rounds_g, cfg["tune"]["metric"]) if tune.global_metric(cfg)
-                           else tune.score(history, eval_rounds, cfg["tune"]["metric"]))
+        metrics["tune"] = (tune.score(loop.history_g, loop.rounds_g, cfg["tune"]["metric"]) if tune.global_metric(cfg)
+                           else tune.score(history, loop.eval_rounds, cfg["tune"]["metric"]))
     metrics.update(method.run_summary(fed))  # e.g. FedH2L's communication bytes
     states: Dict[int, Dict[str, torch.Tensor]] = {}  # a model shared by clients (server_model) is stored once
     for c in fed.clients:
@@ -433,10 +510,10 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None, allow_code_ch
             states[id(c.model)] = checkpoint.module_state(c.model)
     models_pt = {"participants": {c.name: {"arch": c.arch, "state_dict": states[id(c.model)]} for c in fed.clients},
                  "scenario": cfg["scenario"], "run": cfg["run_name"]}
-    provenance.recheck(record, cfg["run_name"], RERUN)  # data rebuilt during the run: publish nothing
-    _write_outputs(out_dir, cfg, metrics, all_rows, tracker, extra=method.artifacts,
-                   models=models_pt, inputs=record)
-    checkpoint.clear(partial)
+    provenance.recheck(job.record, cfg["run_name"], RERUN)  # data rebuilt during the run: publish nothing
+    _write_outputs(job.out_dir, cfg, metrics, loop.all_rows, tracker, extra=method.artifacts,
+                   models=models_pt, inputs=job.record)
+    checkpoint.clear(job.partial)
     return metrics
 
 
