@@ -3,7 +3,10 @@ check a plugin's own tests use too)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
+import yaml
 
 from fedshift.testing import tiny_federation
 
@@ -26,13 +29,34 @@ def run_method(root, params, method, rounds, archs, **engine):
     return fed, m
 
 
-def pipeline_copy(root, data, grid):
-    """A scratch copy of the pipeline files in ``root`` (created): dvc.yaml, .dvcignore, environment.yml,
-    workflow/, and params/data.yaml + params/experiments.yaml holding ``data`` and ``grid``."""
-    import shutil
-    from pathlib import Path
+TINY = Path(__file__).resolve().parent / "config"
 
-    import yaml
+
+def tiny_data_params() -> dict:
+    """The tiny grid's data params (tests/config/tiny_data.yaml), a fresh dict."""
+    return yaml.safe_load((TINY / "tiny_data.yaml").read_text())
+
+
+def tiny_grid(methods=None, method_params=None, **sections) -> dict:
+    """The one tiny grid (tests/config/tiny.yaml), a fresh dict; ``methods`` replaces the grid's methods,
+    ``method_params`` is merged into its ``methods:`` block, and each of ``sections`` (``engine``,
+    ``pretrain``, ``report``) is merged into that section."""
+    grid = yaml.safe_load((TINY / "tiny.yaml").read_text())
+    if methods is not None:
+        grid["grid"][0]["methods"] = list(methods)
+    grid["methods"] = {**grid.get("methods", {}), **(method_params or {})}
+    for key, changes in sections.items():
+        grid[key] = {**grid.get(key, {}), **changes}
+    return grid
+
+
+def pipeline_copy(root, data=None, grid=None, link_src=False):
+    """A scratch copy of the pipeline files in ``root`` (created): dvc.yaml, .dvcignore, environment.yml,
+    workflow/, and params/data.yaml + params/experiments.yaml holding ``data`` and ``grid`` (default: the
+    tiny grid and its data, tests/config/). ``link_src``: src/fedshift linked in (dvc.yaml's stages depend
+    on src/fedshift/data) and an empty data/, for a test that runs ``dvc repro`` there."""
+    import os
+    import shutil
 
     repo = Path(__file__).resolve().parents[1]
     root = Path(root)
@@ -41,6 +65,10 @@ def pipeline_copy(root, data, grid):
         shutil.copy(repo / name, root / name)
     shutil.copytree(repo / "workflow", root / "workflow", ignore=shutil.ignore_patterns(".snakemake"))
     (root / "params").mkdir()
-    (root / "params/data.yaml").write_text(yaml.safe_dump(data))
-    (root / "params/experiments.yaml").write_text(yaml.safe_dump(grid))
+    (root / "params/data.yaml").write_text(yaml.safe_dump(tiny_data_params() if data is None else data))
+    (root / "params/experiments.yaml").write_text(yaml.safe_dump(tiny_grid() if grid is None else grid))
+    if link_src:
+        (root / "src").mkdir()
+        os.symlink(repo / "src/fedshift", root / "src/fedshift")
+        (root / "data").mkdir()
     return root

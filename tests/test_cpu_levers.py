@@ -12,7 +12,7 @@ from fedshift.engine import cpu
 from fedshift.engine.evaluation import EvalSuite, correct_topk, evaluate_domains, evaluate_suite
 from fedshift.errors import ConfigError
 from fedshift.methods import create_method
-from fedshift.methods.fccl import corr_due, sparse_rounds
+from fedshift.methods.fccl_figures import corr_due, sparse_rounds
 from fedshift.models import create_model
 
 from fedshift.testing import tiny_federation

@@ -9,7 +9,7 @@ its own layer from another unit and nothing above:
     1 config, registry, losses, overrides (dotted KEY=VALUE overrides of a grid)
     2 data, models
     3 tracking
-    4 engine (round loop, evaluation, checkpoints, figure data), report (tables, figures)
+    4 engine (round loop, evaluation, checkpoints), report (tables, figures)
     5 methods (stand on the engine)
     6 runner (the composition: builds data, models and method from a config, drives the engine),
       resources (the memory a job needs, from its config: SLURM's mem_mb)

@@ -12,7 +12,7 @@ from fedshift.methods.base import Method
 CONTRACT = ("supports_sampling", "supports_server_model", "per_client_state", "fused_auto_devices",
             "fused_objective", "run_summary", "artifacts", "init_from", "eval_protocol", "weight_copies",
             "public_graphs", "steps_on_peer_batches", "requires_homogeneous", "uses_public", "state_dict",
-            "load_state_dict")
+            "load_state_dict", "evaluation_extras", "select_headline", "tracked_metrics")
 
 
 def test_every_contract_name_has_a_default_on_method():

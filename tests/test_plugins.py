@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from helpers import pipeline_copy
+from helpers import pipeline_copy, tiny_grid
 
 from fedshift.errors import ConfigError
 from fedshift.registry import Registry
@@ -109,22 +109,11 @@ def test_cli_marks_plugins_and_a_broken_one_is_one_line(tmp_path):
 
 
 # ------------------------------------------------- installed by pip, run by Snakemake
-TINY_DATA = {  # as the session's tiny_data build (conftest.py)
-    "mirror": None,
-    "datasets": ["mnist5k", "photo_patches"],
-    "dataset_params": {"photo_patches": {"n": 400}},
-    "public": {"photo_patches": {"n": 256}},
-    "scenarios": {"rotmnist": {"source": "mnist5k", "per_class": 20, "alpha": 0.1, "val": 0.1, "test": 0.25}},
-}
 ROUNDS = 3
-TINY_GRID = {  # the embedded default's data (rotmnist x photo_patches), tiny rounds, every round checkpointed
-    "engine": {"rounds": ROUNDS, "local_epochs": 1, "local_batch": 32, "device": "cpu", "threads": 1,
-               "checkpoint_every": 1, "checkpoint_min_s": 0},
-    "methods": {"fedprox_adaptive": {"mu": 0.5, "patience": 2}},
-    "grid": [{"name": "plugin", "scenarios": ["rotmnist"], "public": ["photo_patches"],
-              "methods": ["fedprox_adaptive"], "structures": ["homo_lenet"], "seeds": [0]}],
-    "report": {"title": "plugin"},
-}
+# the one tiny grid (tests/config/tiny.yaml; its data are the session's tiny_data build) with the plugin
+TINY_GRID = tiny_grid(methods=["fedprox_adaptive"], method_params={"fedprox_adaptive": {"mu": 0.5, "patience": 2}},
+                      report={"title": "plugin"})
+assert TINY_GRID["engine"]["rounds"] == ROUNDS
 
 
 def _run(cmd, cwd, env, check=True):
@@ -167,7 +156,7 @@ def test_plugin_installed_by_pip_runs_through_snakemake_resumes_and_reports(tmp_
 
     # the pipeline files; the data are the real stages' outputs of the session's tiny build
     # (the DVC stages themselves are tested in test_workflow.py), so Snakemake's dvc rule has nothing to do
-    root = pipeline_copy(tmp_path / "project", TINY_DATA, TINY_GRID)
+    root = pipeline_copy(tmp_path / "project", grid=TINY_GRID)
     for part in ("partitions/rotmnist", "public/photo_patches"):
         shutil.copytree(tiny_data / part, root / "build" / part)
     _run("git init -q .", root, env)

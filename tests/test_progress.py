@@ -11,7 +11,7 @@ from fedshift import runner
 
 
 def test_progress_line_on_stderr_with_device(capsys):
-    prog = runner._Progress("federate/x", 3, "cpu")
+    prog = runner.Progress("federate/x", 3, "cpu")
     prog(1, "inter top1 0.5")
     prog(2, "inter top1 0.6")
     cap = capsys.readouterr()

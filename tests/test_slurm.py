@@ -36,7 +36,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from conftest import REPO
+from helpers import pipeline_copy, tiny_data_params, tiny_grid
 
 pytestmark = pytest.mark.slow
 
@@ -44,23 +44,12 @@ BIN = Path(sys.executable).parent
 PACKAGES = ["munge", "slurmctld", "slurmd", "slurm-client", "slurmdbd", "mariadb-server"]
 DAEMONS = ["munged", "slurmctld", "slurmd", "slurmdbd", "mariadbd", "sbatch", "sacct", "mariadb-install-db"]
 
-TINY_DATA = {
-    "mirror": None,
-    "datasets": ["mnist5k", "photo_patches"],
-    "dataset_params": {"photo_patches": {"n": 400, "size": 32, "seed": 0}},
-    "public": {"photo_patches": {"n": 256, "seed": 0}},
-    "scenarios": {"rotmnist": {"source": "mnist5k", "per_class": 20, "alpha": 0.1, "val": 0.1, "test": 0.25, "seed": 0}},
-}
-
-# One thread per job: the 2-CPU test node runs two jobs side by side. fedmd's run is the
-# longest (it trains on the public set too): the one the test cancels.
-TINY_GRID = {
-    "engine": {"rounds": 3, "local_epochs": 1, "local_batch": 32, "public_batch": 128, "device": "cpu", "checkpoint_min_s": 0, "threads": 1},
-    "pretrain": {"epochs": 1, "batch": 32, "eval_every": 1, "device": "cpu", "threads": 1},
-    "grid": [{"name": "tiny", "scenarios": ["rotmnist"], "public": ["photo_patches"],
-              "methods": ["fedprox", "fedavg", "fedmd"], "structures": ["homo_lenet"], "seeds": [0]}],
-    "report": {"title": "tiny on SLURM"},
-}
+# The one tiny grid (tests/config/tiny.yaml) and its data, with SLURM's methods. One thread per job: the
+# 2-CPU test node runs two jobs side by side. fedmd's run is the longest (it trains on the public set
+# too): the one the test cancels.
+TINY_DATA = tiny_data_params()
+TINY_GRID = tiny_grid(methods=["fedprox", "fedavg", "fedmd"], pretrain={"epochs": 1},
+                      report={"title": "tiny on SLURM"})
 METHODS = {"fedprox", "fedavg", "fedmd"}  # no `base`, no BASE teacher: the grid plans no pretrain job
 
 
@@ -290,15 +279,7 @@ def project(tmp_path_factory, cluster, digits_launch):  # the FCCL+ Digits grid 
 
 
 def make_project(root: Path, cluster, data: dict = TINY_DATA, grid: dict = TINY_GRID) -> Path:
-    for name in ("dvc.yaml", ".dvcignore", "environment.yml"):
-        shutil.copy(REPO / name, root / name)
-    shutil.copytree(REPO / "workflow", root / "workflow", ignore=shutil.ignore_patterns(".snakemake"))
-    (root / "params").mkdir()
-    (root / "params/data.yaml").write_text(yaml.safe_dump(data))
-    (root / "params/experiments.yaml").write_text(yaml.safe_dump(grid))
-    (root / "src").mkdir()
-    os.symlink(REPO / "src/fedshift", root / "src/fedshift")
-    (root / "data").mkdir()
+    root = pipeline_copy(root / "p", data, grid, link_src=True)
     env = _env(cluster)
     _sh("git init -q . && dvc init -q && dvc config core.analytics false && dvc repro", env=env, cwd=root, timeout=600)
     return root

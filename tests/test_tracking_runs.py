@@ -184,7 +184,7 @@ def test_fedh2l_metrics_reach_mlflow_only_where_the_grid_asks_for_them(tiny_data
     import json
 
     from fedshift import runner
-    from fedshift.engine.h2l_metrics import is_h2l_key
+    from fedshift.methods.fedh2l_metrics import is_h2l_key
     from fedshift.experiments import load_experiments
     from fedshift.tracking import NullTracker
 
@@ -211,7 +211,7 @@ def test_fedh2l_metrics_reach_mlflow_only_where_the_grid_asks_for_them(tiny_data
 
 
 def test_h2l_key_names():
-    from fedshift.engine.h2l_metrics import is_h2l_key
+    from fedshift.methods.fedh2l_metrics import is_h2l_key
 
     assert all(map(is_h2l_key, ["m0/wdp", "avg/cdp", "avg/acc", "m20/val/acc", "avg/val/acc"]))
     assert not any(map(is_h2l_key, ["avg/inter/top1", "m0/intra/top5", "train/acc", "m0/train/acc", "global/acc"]))

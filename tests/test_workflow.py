@@ -1,7 +1,7 @@
 """The real workflow end to end on a tiny grid: dvc repro -> snakemake -> MLflow -> report.
 
 Runs the actual `dvc` and `snakemake` commands in a scratch copy of the pipeline files
-(dvc.yaml, params/, workflow/) with a tiny data and experiment config, then checks the
+(dvc.yaml, params/, workflow/) with the one tiny grid and its data (tests/config/), then checks the
 collected table, the report, the MLflow store and that both tools find nothing to do
 afterwards.
 """
@@ -9,7 +9,6 @@ afterwards.
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,27 +18,13 @@ import pytest
 import yaml
 
 from conftest import REPO
+from helpers import pipeline_copy, tiny_grid
 
 pytestmark = pytest.mark.slow
 
 BIN = Path(sys.executable).parent
 
-TINY_DATA = {
-    "mirror": None,
-    "datasets": ["mnist5k", "photo_patches"],
-    "dataset_params": {"photo_patches": {"n": 400, "size": 32, "seed": 0}},
-    "public": {"photo_patches": {"n": 256, "seed": 0}},
-    "scenarios": {"rotmnist": {"source": "mnist5k", "per_class": 20, "alpha": 0.1, "val": 0.1, "test": 0.25, "seed": 0}},
-}
-
-TINY_GRID = {
-    "engine": {"rounds": 3, "local_epochs": 1, "local_batch": 32, "public_batch": 128, "device": "cpu", "threads": 1},
-    "pretrain": {"epochs": 2, "batch": 32, "eval_every": 1, "device": "cpu", "threads": 1},
-    "methods": {"fccl_plus": {"init": "base"}},  # start from the pretrain rule's BASE checkpoints
-    "grid": [{"name": "tiny", "scenarios": ["rotmnist"], "public": ["photo_patches"],
-              "methods": ["base", "fedavg", "fedmd", "fccl_plus"], "structures": ["homo_lenet"], "seeds": [0]}],
-    "report": {"title": "tiny"},
-}
+TINY_GRID = tiny_grid()  # tests/config/tiny.yaml, with its data tests/config/tiny_data.yaml
 
 
 def run(cmd, cwd, check=True, timeout=900):
@@ -54,17 +39,7 @@ def run(cmd, cwd, check=True, timeout=900):
 
 @pytest.fixture(scope="module")
 def project(tmp_path_factory):
-    root = tmp_path_factory.mktemp("project")
-    for name in ("dvc.yaml", ".dvcignore", "environment.yml"):
-        shutil.copy(REPO / name, root / name)
-    shutil.copytree(REPO / "workflow", root / "workflow", ignore=shutil.ignore_patterns(".snakemake"))
-    (root / "params").mkdir()
-    (root / "params/data.yaml").write_text(yaml.safe_dump(TINY_DATA))
-    (root / "params/experiments.yaml").write_text(yaml.safe_dump(TINY_GRID))
-    # dvc.yaml depends on src/fedshift/data: link the package source in.
-    (root / "src").mkdir()
-    os.symlink(REPO / "src/fedshift", root / "src/fedshift")
-    (root / "data").mkdir()
+    root = pipeline_copy(tmp_path_factory.mktemp("project") / "p", link_src=True)  # the tiny grid and its data
     run("git init -q . && dvc init -q && dvc config core.analytics false", root)
     return root
 

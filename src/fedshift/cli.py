@@ -277,11 +277,11 @@ def _run_job(kind: str, args) -> None:
         metrics = fn(cfg, Path(args.out), tracker)
         last = (cfg.get("engine") or {}).get("rounds") or (cfg.get("pretrain") or {}).get("epochs")
         try:  # tracking never costs a result: the run's files are already published
-            from .engine.h2l_metrics import tracked, without_h2l
+            from .runner import tracked_summary
 
             metrics = metrics or {}
-            if kind == "federate" and not tracked(cfg.get("engine") or {}):  # FedH2L's keys where asked only
-                metrics = {**metrics, "headline": without_h2l(metrics.get("headline") or {})}
+            if kind == "federate":  # the keys the method keeps out of MLflow (Method.tracked_metrics)
+                metrics = tracked_summary(cfg, metrics)
             log_job_summary(tracker, metrics, cfg["scenario"], time.time() - t0, step=last)
         except Exception as exc:
             log.warning("MLflow job summary not logged (%s: %s)", type(exc).__name__, exc)

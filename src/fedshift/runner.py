@@ -3,6 +3,9 @@
 The composition floor: it builds the data, the models and the method from a config and
 drives the engine (:mod:`fedshift.engine`), so it stands above ``methods/`` (which stand
 on the engine); nothing below imports it (layers: docs/extending.md, tests/test_layers.py).
+A federated job is built (:func:`build_federate`), run (:class:`fedshift.engine.loop.RunLoop`:
+rounds, resume, checkpoint payload, timings) and published (:func:`publish_federate`); the engine
+section of its config travels as one :class:`EngineConfig` (:func:`engine_config`).
 
 A job writes into a temporary folder beside its output folder and renames it into
 place at the end, so a failed or interrupted job never leaves files a rerun would
@@ -39,11 +42,12 @@ import torch
 from .data import store
 from .data.loading import load_federated
 from . import provenance
-from .engine import checkpoint, fused, h2l_metrics
+from .engine import checkpoint, fused
 from .engine.config import EngineConfig, PretrainConfig, check_cuda, malloc_keep_mb
 from .engine.cpu import check_bf16, set_trim, tune_allocator
 from .engine.federation import Federation, derive_seeds, resolve_device, summarise
-from .engine.sampling import GlobalEvaluator, check_engine
+from .engine.loop import FederateJob, Progress, RunLoop, device_note
+from .engine.sampling import check_engine
 from .errors import ConfigError, RunError
 from .methods import create_method
 from .models import create_model
@@ -169,70 +173,8 @@ def check_labels(data) -> None:
                                   f"outside 0..{data.num_classes - 1}; rebuild the partition with `dvc repro`")
 
 
-def check_skipped(fed, eng, run: str, skipped: int, checked: int) -> None:
-    """``on_nonfinite: skip_batch`` must not hide divergence: more than ``max_skipped_fraction`` of
-    this round's or of the run's batches skipped stops the job (issue 23 case 4); any skip is printed."""
-    from .errors import NonFiniteError
-
-    if not skipped:
-        return
-    total_s, total_c = fed.skipped_batches, max(fed.checked_batches, 1)
-    print(f"[{run}] round {fed.round}: skipped {skipped} of {checked} batches for a non-finite loss "
-          f"({total_s} of {total_c} in the run)", flush=True)
-    for what, s, c in (("round", skipped, max(checked, 1)), ("run", total_s, total_c)):
-        if s / c > eng.max_skipped_fraction:
-            raise NonFiniteError(
-                f"{run}: {s} of {c} batches of the {what} (up to round {fed.round}) had a non-finite loss, more than "
-                f"engine.max_skipped_fraction {eng.max_skipped_fraction}: the run diverged; lower the learning rate")
-
-
-def _check_metrics(fed, metrics: Dict[str, float]) -> None:
-    """A non-finite training metric (``<participant>/train/<term>``) stops the job."""
-    import math
-
-    for key, v in metrics.items():
-        if isinstance(v, float) and not math.isfinite(v) and fed.cfg.on_nonfinite == "fail":
-            part, _, term = key.partition("/train/")
-            raise fed.nonfinite(part if term else "?", term or key)
-
-
 def _torch_rng() -> Dict[str, Any]:
     return checkpoint.global_rng_state()
-
-
-def _gpu_allocated() -> bool:
-    """The scheduler handed this job a GPU (SLURM --gpus, or CUDA_VISIBLE_DEVICES set)."""
-    import os
-
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()
-    return bool(os.environ.get("SLURM_JOB_GPUS") or os.environ.get("SLURM_GPUS_ON_NODE")
-                or (visible and visible not in ("-1", "none", "NoDevFiles")))
-
-
-def device_note(requested: str, device: torch.device) -> str:
-    """The resolved device, and a warning when the job asked for CUDA (``cuda``/``cuda:i``, or
-    ``auto`` in a job the scheduler gave a GPU) but runs on the CPU."""
-    asked_cuda = requested.startswith("cuda") or (requested == "auto" and _gpu_allocated())
-    if device.type == "cpu" and asked_cuda:
-        return f"cpu (FELL BACK: asked {requested!r} with a GPU allocated, but torch finds no CUDA device)"
-    return str(device)
-
-
-class _Progress:
-    """One line per finished round/epoch on stderr (the rules tee stderr to the terminal, so a
-    running Snakemake shows it; stdout holds the job's log), with the resolved device."""
-
-    def __init__(self, label: str, total: int, device: str = ""):
-        self.label, self.total, self.t0, self.device = label, total, time.time(), device
-        if device:
-            print(f"[{self.label}] starting {total} steps on {device}", file=sys.stderr, flush=True)
-
-    def __call__(self, step: int, msg: str) -> None:
-        el = time.time() - self.t0
-        eta = el / max(step, 1) * (self.total - step)
-        on = f" on {self.device}" if self.device else ""
-        print(f"[{self.label}] {step}/{self.total} {msg} | {el:.0f}s elapsed, ~{eta:.0f}s left{on}",
-              file=sys.stderr, flush=True)
 
 
 RERUN = "the job (`snakemake` reruns it; run `dvc repro` first if the data is not up to date)"
@@ -247,16 +189,40 @@ def _manifest_paths(manifests: Dict[str, str], cfg: Dict[str, Any], public_dir: 
     return out
 
 
+def tracked_summary(cfg: Dict[str, Any], metrics: Dict[str, Any]) -> Dict[str, Any]:
+    """A federated run's ``metrics`` with the headline keys its method keeps out of MLflow removed
+    (:meth:`Method.tracked_metrics`); metrics.json keeps them all."""
+    method = create_method(cfg["base_method"], cfg["method_params"], cfg["scenario"], f"methods.{cfg['method']}")
+    return {**metrics, "headline": method.tracked_metrics(metrics.get("headline") or {}, engine_config(cfg))}
+
+
+def engine_config(cfg: Dict[str, Any], **override: Any) -> EngineConfig:
+    """The typed engine section of a resolved config (YAML lists become tuples), with ``override`` applied."""
+    return EngineConfig(**{**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg["engine"].items()},
+                           **override})
+
+
 def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None, allow_code_change: bool = False) -> Dict[str, Any]:
-    """Run a federated job described by a resolved config (see ``fedshift.experiments``).
+    """Run a federated job described by a resolved config (see ``fedshift.experiments``): build it
+    (:func:`build_federate`), run its rounds (:class:`RunLoop`: resume, checkpoints, timings), publish it
+    (:func:`publish_federate`).
 
     Resumes from ``<out_dir>.partial/checkpoint.pt`` when it belongs to the same config, inputs and
     code (``allow_code_change``: resume a checkpoint written by other fedshift code).
     """
     tracker = tracker or NullTracker()
-    out_dir = Path(out_dir)
+    job = build_federate(cfg, Path(out_dir), tracker)
+    ckpt = job.load_checkpoint(allow_code_change)
+    loop = RunLoop(job, tracker)
+    loop.run(ckpt)
+    return publish_federate(job, loop, tracker)
+
+
+def build_federate(cfg: Dict[str, Any], out_dir: Path, tracker) -> FederateJob:
+    """Check the results folder and the inputs, then build the data, the models (BASE checkpoints loaded), the
+    method and the federation of a federated job; tag the tracker with its data and code."""
     check_writable(out_dir)
-    eng = EngineConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg["engine"].items()})
+    eng = engine_config(cfg)
     device = _setup_torch(eng.device, eng.threads, eng.deterministic, eng.malloc_tuning)
     set_trim(eng.malloc_trim)
     check_bf16(eng.bf16, device)
@@ -297,122 +263,32 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None, allow_code_ch
     inputs = checkpoint.input_hashes(data.manifests, base_files)
     record = provenance.record(inputs, {**_manifest_paths(data.manifests, cfg, public_dir), **base_files}, cfg_hash)
     tracker.set_tags(provenance.tags(record["code"]))  # also on a resume: the code that runs now
-    ckpt = (checkpoint.load(partial, cfg_hash, inputs, code=record["code"], allow_code_change=allow_code_change,
-                            last_round=eng.rounds) if eng.checkpoint_every else None)
-    weights_only_checked = False  # a plugin's state_dict() is checked loadable at the first checkpoint
-    prog = _Progress(cfg["run_name"], eng.rounds, device_note(eng.device, device))
-    all_rows: List[dict] = []
-    history: List[Dict[str, float]] = []
-    timings = {"train_s": 0.0, "eval_s": 0.0, "checkpoint_s": 0.0, "verify_s": verify_s}
-    resumed: List[int] = []
-    eval_rounds: List[int] = []  # rounds of `history` (model selection: engine.select)
-    history_g: List[Dict[str, float]] = []  # tuning on the global model: global/val/top1 per global evaluation
-    rounds_g: List[int] = []
-    global_eval = GlobalEvaluator(fed, method, eng)  # server-side metric (FedMMD/FedFusion); no-op when off
-    h2l_tracked = h2l_metrics.tracked(cfg["engine"])  # FedH2L's metrics in MLflow only where the grid asks
+    return FederateJob(cfg, out_dir, eng, device, method, fed, verify_s, cfg_hash, partial, inputs, record)
 
-    def evaluate(r: int):
-        t = time.time()
-        rows = fed.evaluate()
-        extra_rows, extra = h2l_metrics.extra_evaluation(fed, rows)  # FedH2L WDP/CDP/ACC (+ validation ACC)
-        timings["eval_s"] += time.time() - t
-        rows = rows + extra_rows if eng.pooled_rows else rows
-        for row in rows:
-            row["round"] = r
-        all_rows.extend(rows)
-        summ = summarise([row for row in rows if row["domain"] not in ("pooled", "val")])
-        summ.update(extra)
-        tracker.log_metrics(summ if h2l_tracked else h2l_metrics.without_h2l(summ), step=r)
-        return summ
 
-    start = 1
-    if ckpt is not None:
-        checkpoint.restore_federation(fed, method, ckpt)
-        all_rows, history = ckpt["rows"], ckpt["history"]
-        eval_rounds = list(ckpt.get("eval_rounds", []))
-        history_g, rounds_g = list(ckpt.get("history_g", [])), list(ckpt.get("rounds_g", []))
-        global_eval.curve = [tuple(c) for c in ckpt.get("global_curve", [])]
-        timings.update({k: v for k, v in ckpt["timings"].items() if k != "verify_s"})
-        resumed = ckpt["resumed"] + [ckpt["round"]]
-        start = ckpt["round"] + 1
-        log.info("resuming %s after round %d from %s", cfg["run_name"], ckpt["round"], partial)
-    else:
-        if eng.participant_eval and eng.eval_round0:
-            evaluate(0)
-        all_rows.extend(global_eval(0, tracker))
-    last_checkpoint = time.time()  # engine.checkpoint_min_s counts from the start (or resume) of the job
-    checkpoints_ok = True
-    for r in range(start, eng.rounds + 1):
-        fed.round = r
-        t = time.time()
-        skipped0, checked0 = fed.skipped_batches, fed.checked_batches
-        train_metrics = method.run_round(fed, r)
-        timings["train_s"] += time.time() - t
-        check_skipped(fed, eng, cfg["run_name"], fed.skipped_batches - skipped0, fed.checked_batches - checked0)
-        _check_metrics(fed, train_metrics)
-        fed.check_weights()
-        tracker.log_metrics(train_metrics, step=r)
-        if eng.participant_eval and (r % eng.eval_every == 0 or r == eng.rounds):
-            summ = evaluate(r)
-            history.append(summ)
-            eval_rounds.append(r)
-            prog(r, f"inter top1 {summ['avg/inter/top1']:.3f} intra top1 {summ['avg/intra/top1']:.3f}")
-            if "tune" in cfg and tune.should_stop(history, cfg["tune"]["metric"], cfg["tune"]["patience"]):
-                prog(r, f"early stop: no better {cfg['tune']['metric']} in {cfg['tune']['patience']} evaluations")
-                break  # a tuning candidate (issue 36): its score is the best validation round so far
-        g_rows = global_eval(r, tracker)
-        all_rows.extend(g_rows)
-        if g_rows and tune.global_metric(cfg):  # a tuning candidate scored by its global model (issue 36)
-            history_g.append(tune.global_validation(fed, method, eng))
-            rounds_g.append(r)
-            tracker.log_metrics(history_g[-1], step=r)
-            if tune.should_stop(history_g, cfg["tune"]["metric"], cfg["tune"]["patience"]):
-                break
-        if g_rows and not eng.participant_eval:
-            prog(r, f"global top1 {g_rows[0]['top1']:.3f}")
-        if (eng.checkpoint_every and r % eng.checkpoint_every == 0 and r < eng.rounds
-                and time.time() - last_checkpoint >= eng.checkpoint_min_s and checkpoints_ok):
-            t = time.time()
-            state = checkpoint.federation_state(fed, method)
-            if not weights_only_checked:
-                weights_only_checked = True
-                bad = checkpoint.weights_only_problem(state["method"])
-                if bad:  # saving would work; no resume could ever load it (issue 38)
-                    checkpoints_ok = False
-                    log.warning("method %r (%s): state_dict() key %r cannot be loaded with "
-                                "torch.load(weights_only=True) (%s); this run goes on without checkpoints "
-                                "(no resume): keep only tensors, numbers, strings and containers there",
-                                cfg["method"], cfg["base_method"], bad[0], bad[1])
-                    continue
-            size = checkpoint.save(partial, {
-                "config_hash": cfg_hash, "inputs": inputs, "round": r, "run_id": getattr(tracker, "run_id", None),
-                "code": record["code"], **state,
-                "rows": all_rows, "history": history, "eval_rounds": eval_rounds, "timings": timings,
-                "history_g": history_g, "rounds_g": rounds_g,
-                "global_curve": [list(c) for c in global_eval.curve],
-                "resumed": resumed})
-            timings["checkpoint_s"] += time.time() - t
-            timings["checkpoint_bytes"] = size
-            last_checkpoint = time.time()
-    timings["eval_s"] += global_eval.seconds
+def publish_federate(job: FederateJob, loop: RunLoop, tracker) -> Dict[str, Any]:
+    """metrics.json (headline, the method's model selection and summary), rounds.csv, models.pt, the method's
+    artifacts: published atomically once the data are rechecked; the checkpoint area is then cleared."""
+    cfg, eng, fed, method, history = job.cfg, job.eng, job.fed, job.method, loop.history
     metrics = {
         "run": cfg["run_name"],
-        "headline": {**headline(history, eng.last_k), **global_eval.summary(eng.last_k)},
+        "headline": {**headline(history, eng.last_k), **loop.global_eval.summary(eng.last_k)},
         "last_rounds": min(eng.last_k, len(history)),  # what the headline averages (default last_k 3 > rounds 2)
         "final": history[-1] if history else {},
-        "timings": {**timings, "resumed_after_rounds": resumed},
-        "device": str(device),
+        "timings": {**loop.timings, "resumed_after_rounds": loop.resumed},
+        "device": str(job.device),
         "skipped_batches": fed.skipped_batches,
         "checked_batches": fed.checked_batches,
     }
     if fed.skipped_batches:
         print(f"[{cfg['run_name']}] done with {fed.skipped_batches} of {fed.checked_batches} batches skipped "
               "for a non-finite loss (engine.on_nonfinite: skip_batch)", flush=True)
-    if eng.select == "best_val":  # FedH2L § IV-A model selection
-        metrics["headline"], metrics["selected_rounds"] = h2l_metrics.best_val_headline(history, eval_rounds)
+    selected = method.select_headline(fed, history, loop.eval_rounds)  # model selection (engine.select: best_val)
+    if selected is not None:
+        metrics["headline"], metrics["selected_rounds"] = selected
     if "tune" in cfg:  # a tuning candidate's validation score (fedshift.tune.select reads it)
-        metrics["tune"] = (tune.score(history_g, rounds_g, cfg["tune"]["metric"]) if tune.global_metric(cfg)
-                           else tune.score(history, eval_rounds, cfg["tune"]["metric"]))
+        metrics["tune"] = (tune.score(loop.history_g, loop.rounds_g, cfg["tune"]["metric"]) if tune.global_metric(cfg)
+                           else tune.score(history, loop.eval_rounds, cfg["tune"]["metric"]))
     metrics.update(method.run_summary(fed))  # e.g. FedH2L's communication bytes
     states: Dict[int, Dict[str, torch.Tensor]] = {}  # a model shared by clients (server_model) is stored once
     for c in fed.clients:
@@ -420,10 +296,10 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None, allow_code_ch
             states[id(c.model)] = checkpoint.module_state(c.model)
     models_pt = {"participants": {c.name: {"arch": c.arch, "state_dict": states[id(c.model)]} for c in fed.clients},
                  "scenario": cfg["scenario"], "run": cfg["run_name"]}
-    provenance.recheck(record, cfg["run_name"], RERUN)  # data rebuilt during the run: publish nothing
-    _write_outputs(out_dir, cfg, metrics, all_rows, tracker, extra=method.artifacts,
-                   models=models_pt, inputs=record)
-    checkpoint.clear(partial)
+    provenance.recheck(job.record, cfg["run_name"], RERUN)  # data rebuilt during the run: publish nothing
+    _write_outputs(job.out_dir, cfg, metrics, loop.all_rows, tracker, extra=method.artifacts,
+                   models=models_pt, inputs=job.record)
+    checkpoint.clear(job.partial)
     return metrics
 
 
@@ -468,7 +344,7 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None, allow_code_ch
     tracker.set_tags(provenance.tags(record["code"]))
     ckpt = (checkpoint.load(partial, cfg_hash, inputs, code=record["code"], allow_code_change=allow_code_change,
                             last_round=pc.epochs) if pc.checkpoint_every else None)
-    prog = _Progress(cfg["run_name"], pc.epochs, device_note(pc.device, device))
+    prog = Progress(cfg["run_name"], pc.epochs, device_note(pc.device, device))
     rows, history = [], []
     timings = {"checkpoint_s": 0.0, "verify_s": verify_s}
     start = 1
@@ -563,8 +439,7 @@ def evaluate_run(run_dir: Path, device: str = "cpu", bf16: Optional[bool] = None
     _check_evaluated_data(run_dir, cfg, force)
     fix = f"rerun the job that published {run_dir}"
     saved = read_torch(path, fix, keys=("participants",))["participants"]
-    eng = EngineConfig(**{**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg["engine"].items()},
-                          "device": device, **({} if bf16 is None else {"bf16": bool(bf16)})})
+    eng = engine_config(cfg, device=device, **({} if bf16 is None else {"bf16": bool(bf16)}))
     dev = _setup_torch(device, eng.threads)
     check_bf16(eng.bf16, dev)
     verify_inputs([Path(cfg["paths"]["partition"])])  # a test set changed in place must not be scored
@@ -582,7 +457,8 @@ def evaluate_run(run_dir: Path, device: str = "cpu", bf16: Optional[bool] = None
     fed = Federation(data, models, archs, eng, int(cfg["seed"]), dev)
     rows = fed.evaluate()
     summ = summarise(rows)
-    summ.update(h2l_metrics.extra_evaluation(fed, rows)[1])  # WDP/CDP/ACC, as every evaluation of the run
+    method = create_method(cfg["base_method"], cfg["method_params"], cfg["scenario"], f"methods.{cfg['method']}")
+    summ.update(method.evaluation_extras(fed, rows)[1])  # what every evaluation of the run added
     return summ
 
 

@@ -10,8 +10,9 @@ A federated method overrides only the hooks that differ (Flower / FLGo style):
 * ``local_update(fed, r)``: runs local updating for every client;
 * ``after_round(fed, r)``: bookkeeping (teachers, global models);
 * declared capabilities (``supports_sampling``, ``supports_server_model``, ``per_client_state``,
-  ``fused_auto_devices``) and optional hooks (``fused_objective``, ``run_summary``, ``artifacts``),
-  each with its default on :class:`Method` (docs/extending.md);
+  ``fused_auto_devices``) and optional hooks (``fused_objective``, ``run_summary``, ``artifacts``,
+  ``evaluation_extras``, ``select_headline``, ``tracked_metrics``), each with its default on
+  :class:`Method` (docs/extending.md);
 * ``state_dict()`` / ``load_state_dict(state)``: every piece of per-method and per-client
   state that lives across rounds (teachers, previous-round models, snapshots, prototypes,
   anchors, server models, EMA values...), so an interrupted run resumes bit-identically.
@@ -27,13 +28,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Dict, Literal, Mapping, Optional, Tuple, Type
+from typing import Any, Callable, ClassVar, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Type
 
 import torch
 import torch.nn.functional as F
 
 from ..config import resolve
 from ..registry import Registry
+from . import fedh2l_metrics  # the evaluation protocol every method of a FedH2L grid is scored by
 
 METHODS: "Registry[Type[Method]]" = Registry(
     "method", group="fedshift.methods",
@@ -153,6 +155,22 @@ class Method:
 
     def artifacts(self, out_dir: Path) -> None:
         """Write extra files into the run folder being published (e.g. FCCL's figure data)."""
+
+    # -- what an evaluation adds, which evaluation the headline takes, what MLflow sees ------------------
+    # The defaults are FedH2L's protocol (papers/fedh2l.txt § IV, methods.fedh2l_metrics): every method of a
+    # FedH2L grid (engine.pooled_rows, engine.select: best_val) and every tuning candidate is scored by it.
+    def evaluation_extras(self, fed, rows: Sequence[Mapping]) -> Tuple[List[dict], Dict[str, float]]:
+        """Rows (rounds.csv, under engine.pooled_rows) and metrics one evaluation adds to its per-domain ``rows``."""
+        return fedh2l_metrics.extra_evaluation(fed, rows)
+
+    def select_headline(self, fed, history: Sequence[Mapping[str, float]], rounds: Sequence[int]
+                        ) -> Optional[Tuple[Dict[str, float], Dict[str, int]]]:
+        """(headline, participant -> selected round) picked from the evaluations; None: mean of the last last_k."""
+        return fedh2l_metrics.best_val_headline(history, rounds) if fed.cfg.select == "best_val" else None
+
+    def tracked_metrics(self, metrics: Mapping[str, float], engine) -> Dict[str, float]:
+        """The part of ``metrics`` logged to MLflow under ``engine`` (an EngineConfig); metrics.json keeps all."""
+        return dict(metrics) if fedh2l_metrics.tracked(engine) else fedh2l_metrics.without_h2l(metrics)
 
     # -- resumable state -----------------------------------------------------------
     #: attributes holding state across rounds (tensors, numbers, strings, dicts/lists of them): the default

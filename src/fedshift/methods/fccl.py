@@ -40,9 +40,9 @@ What was kept, and where the authors' code and the paper differ (switches):
 * ``corr_every``: the cross-correlation matrices of CVPR Fig. 5 / FCCL+ Fig. 8 (each
   participant against the mean of the others, on public and on its private data)
   are recorded every k rounds, or (``sparse``, the default) at the rounds the figure
-  draws: the first, the last and three evenly spaced between (:func:`sparse_rounds`);
+  draws: the first, the last and three evenly spaced between (:func:`fedshift.methods.fccl_figures.sparse_rounds`);
   saved as ``cross_correlation.npz`` + ``.png``. Recording and saving the matrices is
-  the engine's figure data (:mod:`fedshift.engine.figure_data`), the drawing the
+  FCCL's figure data (:mod:`fedshift.methods.fccl_figures`, written by the ``artifacts`` hook), the drawing the
   report's (:func:`fedshift.report.figures.draw_correlations`). The authors' runs pay for no such
   figure data: every round it cost a tenth of a CPU round.
 
@@ -62,11 +62,10 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..engine.federation import frozen_copy
-from ..engine.figure_data import check_corr, corr_due, correlation_matrices, save_correlations  # noqa: F401
-from ..engine.figure_data import sparse_rounds  # noqa: F401  (FCCL's schedule of the figure's rounds)
 from ..losses import fccl_dual_distillation_loss, fccm_loss
 from .base import METHODS
 from .common import refresh_copy
+from .fccl_figures import check_corr, corr_due, correlation_matrices, save_correlations
 from .homogeneous import AveragingMethod
 
 TARGETS = ("all", "others", "others_prev")

@@ -58,7 +58,8 @@ from ..data.loading import normalize
 from ..losses import (diagonal_fisher, ewc_penalty, fccl_dual_distillation_loss, fccm_loss, fisl_loss, fntd_loss,
                       instance_similarity, kd_loss)
 from .base import METHODS
-from .fccl import FCCL, check_corr, collaborative_targets
+from .fccl import FCCL, collaborative_targets
+from .fccl_figures import check_corr
 
 LOCAL_DISTILL = ("fntd", "kd", "dual", "ewc", "none")
 

@@ -7,7 +7,7 @@
 * :func:`cross_correlation_figure`: FCCL's cross-correlation matrices (``cross_correlation.npz``
   of a run) on a diverging colour map over [-1, 1] (0 = white), first and last round;
   :func:`draw_correlations`: the run's own ``cross_correlation.png`` (FCCL+ Fig. 8 style),
-  from the matrices the engine recorded (:mod:`fedshift.engine.figure_data`).
+  from the matrices the engine recorded (:mod:`fedshift.methods.fccl_figures`).
 * :func:`ablation_bars`: one bar per method/variant of an ablation table, inter and intra,
   with the std over seeds as error bars.
 * :func:`feature_embedding`: t-SNE (or PCA) of the features of several models on the same

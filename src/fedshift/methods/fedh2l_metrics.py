@@ -10,6 +10,9 @@ means over participants ``avg/...`` (top-1 fractions, like ``<participant>/inter
 They are computed from :meth:`Federation.evaluate`'s per-domain rows and the test-set
 sizes, so no extra forward pass is needed.
 
+These are the defaults of :class:`fedshift.methods.Method`'s ``evaluation_extras``,
+``select_headline`` and ``tracked_metrics`` hooks: every method of a FedH2L grid is scored by them.
+
 Model selection (engine ``select: best_val``): "We evaluate using the validation data
 every 50 rounds and keep the model with the maximal ACC for the final test". Each
 node's validation ACC (all nodes' validation data pooled) is measured at every
@@ -24,7 +27,7 @@ from typing import Dict, List, Mapping, Sequence, Tuple
 
 import numpy as np
 
-from .evaluation import evaluate_domains
+from ..engine.evaluation import evaluate_domains
 
 POOLED = ("wdp", "cdp", "acc")
 
@@ -37,11 +40,11 @@ def is_h2l_key(key: str) -> bool:
     return parts[-1] in POOLED and (len(parts) == 2 or len(parts) == 3 and parts[1] == "val")
 
 
-def tracked(engine: Mapping) -> bool:
+def tracked(engine) -> bool:
     """Whether a run's MLflow metrics carry FedH2L's metrics: only when its grid asks for them
-    (``engine.pooled_rows`` or ``engine.select: best_val``, as the FedH2L grids do), so other
-    runs' charts lead with their own headline (issue 22 point 7). metrics.json keeps them."""
-    return bool(engine.get("pooled_rows")) or engine.get("select") == "best_val"
+    (``engine.pooled_rows`` or ``engine.select: best_val`` of its EngineConfig, as the FedH2L grids do),
+    so other runs' charts lead with their own headline (issue 22 point 7). metrics.json keeps them."""
+    return bool(engine.pooled_rows) or engine.select == "best_val"
 
 
 def without_h2l(metrics: Mapping[str, float]) -> Dict[str, float]:

@@ -1,4 +1,4 @@
-"""Figure data the engine collects during a run, saved beside the run's outputs.
+"""FCCL's figure data, collected during a run and saved beside the run's outputs (FCCL's ``artifacts`` hook).
 
 FCCL's cross-correlation matrices (CVPR Fig. 5 / FCCL+ Fig. 8): each participant's
 cross-correlation (Eq. 1) with the mean of the others' logits, on public and on its
