@@ -64,11 +64,11 @@ def correlation_matrices(fed, samples: int) -> Dict[str, np.ndarray]:
             pub = fed.data.public[:samples]
             z_pub = [logits(c.model, pub) for c in clients]
             public = torch.stack([against_others(z_pub, i) for i in range(len(clients))])
-            private = []
+            per_client = []
             for i, c in enumerate(clients):
                 x = c.data.get("private")[0][:samples]
-                private.append(against_others([logits(m.model, x) for m in clients], i))
-            private = torch.stack(private)
+                per_client.append(against_others([logits(m.model, x) for m in clients], i))
+            private = torch.stack(per_client)
     finally:
         for c, w in zip(clients, was):
             c.model.train(w)
