@@ -12,7 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedshift.methods import fedh2l_metrics as h2l_metrics
+from fedshift.methods import pooled_metrics as h2l_metrics
 from fedshift.losses import batch_accuracy, confidence_weights, h2l_mutual_loss, project_gradient
 from fedshift.methods import create_method
 from fedshift.methods import fedh2l as fedh2l_mod

@@ -222,7 +222,7 @@ def runs(methods=("base", "fccl_plus"), seeds=(0, 1, 2), parts=("m0", "m20", "m4
     return pd.DataFrame(rows)
 
 
-def test_ours_long_avg_and_fedh2l_metrics():
+def test_ours_long_avg_and_pooled_metrics():
     long = ours_long(runs(), last_k=2)
     one = long[(long["method"] == "base") & (long["seed"] == 1)]
     get = lambda p, k: one[(one["participant"] == p) & (one["metric"] == k)]["value"].item()

@@ -177,14 +177,14 @@ def test_report_runs_are_named_by_grid_and_replaced_on_rerun(store):
     assert newest.data.tags["fedshift.replaces"] == deleted[0].info.run_id
 
 
-def test_fedh2l_metrics_reach_mlflow_only_where_the_grid_asks_for_them(tiny_data, tmp_path):
+def test_pooled_metrics_reach_mlflow_only_where_the_grid_asks_for_them(tiny_data, tmp_path):
     """A FedAvg run of a default grid logs no WDP/CDP/ACC keys (its charts lead with its own
     headline); the same run in a FedH2L-style grid (pooled_rows, best_val) logs them.
     metrics.json keeps them either way."""
     import json
 
     from fedshift import runner
-    from fedshift.methods.fedh2l_metrics import is_h2l_key
+    from fedshift.methods.pooled_metrics import is_h2l_key
     from fedshift.experiments import load_experiments
     from fedshift.tracking import NullTracker
 
@@ -211,7 +211,7 @@ def test_fedh2l_metrics_reach_mlflow_only_where_the_grid_asks_for_them(tiny_data
 
 
 def test_h2l_key_names():
-    from fedshift.methods.fedh2l_metrics import is_h2l_key
+    from fedshift.methods.pooled_metrics import is_h2l_key
 
     assert all(map(is_h2l_key, ["m0/wdp", "avg/cdp", "avg/acc", "m20/val/acc", "avg/val/acc"]))
     assert not any(map(is_h2l_key, ["avg/inter/top1", "m0/intra/top5", "train/acc", "m0/train/acc", "global/acc"]))

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from ..config import resolve
 from ..registry import Registry
-from . import fedh2l_metrics  # the evaluation protocol every method of a FedH2L grid is scored by
+from . import pooled_metrics  # the evaluation protocol every method of a FedH2L grid is scored by
 
 METHODS: "Registry[Type[Method]]" = Registry(
     "method", group="fedshift.methods",
@@ -157,20 +157,20 @@ class Method:
         """Write extra files into the run folder being published (e.g. FCCL's figure data)."""
 
     # -- what an evaluation adds, which evaluation the headline takes, what MLflow sees ------------------
-    # The defaults are FedH2L's protocol (papers/fedh2l.txt § IV, methods.fedh2l_metrics): every method of a
+    # The defaults are FedH2L's protocol (papers/fedh2l.txt § IV, methods.pooled_metrics): every method of a
     # FedH2L grid (engine.pooled_rows, engine.select: best_val) and every tuning candidate is scored by it.
     def evaluation_extras(self, fed, rows: Sequence[Mapping]) -> Tuple[List[dict], Dict[str, float]]:
         """Rows (rounds.csv, under engine.pooled_rows) and metrics one evaluation adds to its per-domain ``rows``."""
-        return fedh2l_metrics.extra_evaluation(fed, rows)
+        return pooled_metrics.extra_evaluation(fed, rows)
 
     def select_headline(self, fed, history: Sequence[Mapping[str, float]], rounds: Sequence[int]
                         ) -> Optional[Tuple[Dict[str, float], Dict[str, int]]]:
         """(headline, participant -> selected round) picked from the evaluations; None: mean of the last last_k."""
-        return fedh2l_metrics.best_val_headline(history, rounds) if fed.cfg.select == "best_val" else None
+        return pooled_metrics.best_val_headline(history, rounds) if fed.cfg.select == "best_val" else None
 
     def tracked_metrics(self, metrics: Mapping[str, float], engine) -> Dict[str, float]:
         """The part of ``metrics`` logged to MLflow under ``engine`` (an EngineConfig); metrics.json keeps all."""
-        return dict(metrics) if fedh2l_metrics.tracked(engine) else fedh2l_metrics.without_h2l(metrics)
+        return dict(metrics) if pooled_metrics.tracked(engine) else pooled_metrics.without_h2l(metrics)
 
     # -- resumable state -----------------------------------------------------------
     #: attributes holding state across rounds (tensors, numbers, strings, dicts/lists of them): the default

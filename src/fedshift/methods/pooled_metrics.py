@@ -1,4 +1,6 @@
-"""FedH2L's metrics and model selection (``papers/fedh2l.txt`` § IV "Metrics", § IV-A).
+"""Pooled within-/cross-domain metrics and best-validation model selection: the evaluation protocol
+FedH2L defines (``papers/fedh2l.txt`` § IV "Metrics", § IV-A), which scores every method of a FedH2L
+grid and every tuning candidate, so it lives beside ``Method`` rather than in FedH2L's file.
 
 * ``WDP_i``: accuracy of node i's model on its own test data;
 * ``CDP_i``: accuracy on all *other* nodes' test data pooled (sample-weighted: the union
