@@ -81,3 +81,20 @@ def test_failed_run_leaves_previous_outputs(tiny_data, tmp_path, monkeypatch):
     # No temporary folder is left; the checkpoint area stays for a rerun to resume (no round finished yet).
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out", "out.partial"]
     assert sorted(p.name for p in (tmp_path / "out.partial").iterdir()) == ["job.json"]
+
+
+@pytest.mark.parametrize("bf16", ["auto", False])
+def test_metrics_say_how_this_machine_evaluated(tiny_data, tmp_path, bf16):
+    """engine.bf16 / eval_fold_bn ``auto`` resolve per CPU kind: metrics.json records the resolved values
+    (and the kind), so scores from an AVX2 and an AVX-512 BF16 machine can be told apart."""
+    from fedshift.engine.cpu import bf16_supported, cpu_kind
+
+    plan = _configs(tiny_data, method="fedavg", structure="homo_lenet", rounds=1, bf16=bf16)
+    (cfg,) = plan.federate.values()
+    runner.run_federate(cfg, tmp_path / "fed")
+    numerics = json.loads((tmp_path / "fed/metrics.json").read_text())["numerics"]
+    assert numerics["cpu_kind"] == cpu_kind()
+    assert numerics["eval_bf16"] is (bf16 == "auto" and cpu_kind() == "avx512_bf16"
+                                     and bf16_supported(torch.device("cpu")))
+    assert numerics["eval_fold_bn"] is (cpu_kind() in ("avx512_bf16", "avx512", "avx2"))
+    assert numerics["torch"] == torch.__version__

@@ -44,7 +44,7 @@ from .data.loading import load_federated
 from . import provenance
 from .engine import checkpoint, fused
 from .engine.config import EngineConfig, PretrainConfig, check_cuda, malloc_keep_mb
-from .engine.cpu import check_bf16, set_trim, tune_allocator
+from .engine.cpu import bf16_on, check_bf16, cpu_kind, set_trim, tune_allocator
 from .engine.federation import Federation, derive_seeds, resolve_device, summarise
 from .engine.loop import FederateJob, Progress, RunLoop, device_note
 from .engine.sampling import check_engine
@@ -266,6 +266,15 @@ def build_federate(cfg: Dict[str, Any], out_dir: Path, tracker) -> FederateJob:
     return FederateJob(cfg, out_dir, eng, device, method, fed, verify_s, cfg_hash, partial, inputs, record)
 
 
+def eval_numerics(eng, device: torch.device, levers) -> Dict[str, Any]:
+    """How this machine evaluated (``auto`` settings resolve per CPU kind, issue 40): the CPU kind,
+    bf16 autocast, folded BatchNorm, NHWC input and torch's version, so two runs' scores can be told
+    apart when they come from machines of different kinds."""
+    fold, channels_last = levers
+    return {"cpu_kind": cpu_kind() if device.type == "cpu" else device.type, "eval_bf16": bf16_on(eng.bf16, device),
+            "eval_fold_bn": bool(fold), "eval_channels_last": bool(channels_last), "torch": torch.__version__}
+
+
 def publish_federate(job: FederateJob, loop: RunLoop, tracker) -> Dict[str, Any]:
     """metrics.json (headline, the method's model selection and summary), rounds.csv, models.pt, the method's
     artifacts: published atomically once the data are rechecked; the checkpoint area is then cleared."""
@@ -296,6 +305,8 @@ def publish_federate(job: FederateJob, loop: RunLoop, tracker) -> Dict[str, Any]
             states[id(c.model)] = checkpoint.module_state(c.model)
     models_pt = {"participants": {c.name: {"arch": c.arch, "state_dict": states[id(c.model)]} for c in fed.clients},
                  "scenario": cfg["scenario"], "run": cfg["run_name"]}
+    metrics["numerics"] = eval_numerics(eng, job.device, fed.eval_levers())
+    tracker.set_tags({f"numerics.{k}": str(v) for k, v in metrics["numerics"].items()})
     provenance.recheck(job.record, cfg["run_name"], RERUN)  # data rebuilt during the run: publish nothing
     _write_outputs(job.out_dir, cfg, metrics, loop.all_rows, tracker, extra=method.artifacts,
                    models=models_pt, inputs=job.record)
