@@ -1,6 +1,9 @@
 """The experiment grid: validate ``params/experiments.yaml``, expand it into jobs, and
 write each job's fully resolved config.
 
+Why one file of ~500 lines: validating a grid and expanding it into jobs are one pass over the
+same registries and data params; split, a half-validated grid would travel between modules.
+
 The resolved config of a run (defaults + per-method scenario defaults + YAML
 overrides, with the structure's architectures and every input path) is written to
 ``results/configs/<rule>/...yaml`` only when its content changes, and is an input of

@@ -1,5 +1,9 @@
 """Run one job from its resolved config file: a BASE pretraining or a federated run.
 
+Why one file of ~500 lines: building, publishing and pretraining a job share one sequence of
+checks (folder, provenance, atomic outputs, tracking) that must read in order; the run loop
+itself lives in :mod:`fedshift.engine.loop`.
+
 The composition floor: it builds the data, the models and the method from a config and
 drives the engine (:mod:`fedshift.engine`), so it stands above ``methods/`` (which stand
 on the engine); nothing below imports it (layers: docs/extending.md, tests/test_layers.py).

@@ -1,5 +1,9 @@
 """Fused clients: a round's clients trained as ONE batched model (``torch.func``).
 
+Why one file of ~470 lines: the stacked forward/backward, the optimiser arithmetic it must
+reproduce exactly, and the refusals of what it cannot fuse are one contract (equal to the
+sequential path); split apart, a change to one could not be read beside the others.
+
 Many-client methods (FedAvg, FedProx, FedMMD/FedFusion on the FedAvg CNNs, FedH2L's
 LeNet) train tens of small identical models on batches of 10. One at a time, each step
 is a handful of tiny kernels and the device waits on Python. Here the clients'

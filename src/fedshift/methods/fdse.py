@@ -1,6 +1,9 @@
 """FDSE (Wang, Wang, Wang, Fan & Wang, "Federated Learning with Domain Shift Eraser", CVPR 2025,
 arXiv:2503.13063), on fedshift's homogeneous models.
 
+Why one file of ~480 lines: a method is one file (docs/extending.md); the layer decomposition,
+the min-norm QP and the two aggregations are FDSE's own and nothing else uses them.
+
 Every convolution and every hidden linear layer is decomposed (:func:`decompose`) into a
 *domain-agnostic feature extractor* (DFE: a convolution to ``ceil(out / ratio)`` channels and a
 bias) and a *domain-specific skew eraser* (DSE: a BatchNorm and a depthwise convolution making the
