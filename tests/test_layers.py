@@ -174,7 +174,8 @@ def test_the_checks_can_fail():
 
 # Inside a unit that issue 35 split by idea, its modules go down too: fedshift.report's paper delta
 # (shared frames and statistics, the papers' data, the computations, their rendering, the section) and
-# fedshift.tracking (how a call is made, the store, the adapter, the job policy, the package's interface).
+# fedshift.tracking (how a call is made, the store, the adapter, the job policy, the package's interface),
+# fedshift.losses (the shared helpers, one module per kind of loss, the package's interface).
 SUBLAYERS = {
     "fedshift.report": {
         "stats": 0, "frames": 0, "palette": 0,
@@ -185,6 +186,12 @@ SUBLAYERS = {
         "report": 5,
     },
     "fedshift.tracking": {"base": 0, "calls": 0, "store": 1, "mlflow_adapter": 2, "jobs": 3, "": 4},
+    "fedshift.losses": {
+        "_common": 0,
+        "classification": 1, "correlation": 1, "distillation": 1, "regularization": 1,
+        "contrastive": 1, "consensus": 1, "h2l": 1, "domain": 1,
+        "": 2,
+    },
 }
 
 
