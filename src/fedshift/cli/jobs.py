@@ -19,6 +19,7 @@ import os
 import signal
 import time
 from pathlib import Path
+from typing import Any, Callable
 
 log = logging.getLogger("fedshift")
 
@@ -74,12 +75,12 @@ def _job(kind: str, args) -> None:
 
 def _run_job(kind: str, args) -> None:
     from .. import runner
-    from ..config import safe_load_yaml
+    from ..config import flatten, safe_load_yaml
     from ..engine import checkpoint
 
     cfg = safe_load_yaml(Path(args.config).read_text(), str(args.config))  # aliases bounded (issue 38)
     apply_thread_allocation(cfg, kind, getattr(args, "threads", None))
-    fn = runner.run_pretrain if kind == "pretrain" else runner.run_federate
+    fn: Callable[..., Any] = runner.run_pretrain if kind == "pretrain" else runner.run_federate
     if kind == "federate":  # issue 36: a tuned run takes its chosen values; a candidate records divergence
         from .. import tune
 
@@ -92,7 +93,6 @@ def _run_job(kind: str, args) -> None:
     if args.no_tracking or os.environ.get("FEDSHIFT_TRACKING", "mlflow") == "none":
         fn(cfg, Path(args.out))
         return
-    from ..config import flatten
     from ..tracking import environment_params, job_run, log_job_summary
 
     # A rerun of the same job (same config hash) continues the MLflow run its checkpoint area names;
