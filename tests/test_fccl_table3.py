@@ -10,7 +10,8 @@ import pandas as pd
 import pytest
 
 from conftest import REPO
-from fedshift.cli import _data_not_built, main
+from fedshift.cli import main
+from fedshift.cli.grid import _data_not_built
 from fedshift.experiments import load_experiments, snakemake_config
 from fedshift.report.published import PublishedSpec, check_printed, load_published
 from fedshift.report.verdicts import compare

@@ -1,4 +1,4 @@
-"""The generic path names no paper's method (issue 35): runner.py, cli.py and engine/ import no
+"""The generic path names no paper's method (issue 35): runner.py, cli/ and engine/ import no
 paper's method module and call no paper-specific code; a paper's extras reach them only through
 the :class:`fedshift.methods.Method` hooks (``evaluation_extras``, ``select_headline``,
 ``tracked_metrics``, ``artifacts``, ``run_summary``). Comments, docstrings and strings (citations,
@@ -13,7 +13,7 @@ from pathlib import Path
 from conftest import REPO
 
 PKG = REPO / "src" / "fedshift"
-GENERIC = [PKG / "runner.py", PKG / "cli.py", *sorted((PKG / "engine").glob("*.py"))]
+GENERIC = [PKG / "runner.py", *sorted((PKG / "cli").glob("*.py")), *sorted((PKG / "engine").glob("*.py"))]
 PAPER = re.compile(r"fedh2l|h2l|fccl|fedheal|fedproto|fedmd|fedmatch|rhfl|fpl|fedtgp|fedproc|rcfl|moon|fml\b",
                    re.IGNORECASE)
 

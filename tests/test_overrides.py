@@ -11,6 +11,7 @@ import yaml
 
 from conftest import REPO
 from fedshift import cli
+from fedshift.cli import grid as cli_grid  # where `fedshift run` execs Snakemake
 from fedshift.errors import ConfigError
 from fedshift.overrides import apply_overrides, coerce_cli_strings, parse_override, parse_value
 
@@ -65,7 +66,7 @@ def project(tmp_path, monkeypatch):
 
 def test_run_writes_the_merged_grid_and_execs_snakemake_on_it(project, monkeypatch, capsys):
     seen = {}
-    monkeypatch.setattr(cli.os, "execv", lambda exe, cmd: seen.update(exe=exe, cmd=cmd))
+    monkeypatch.setattr(cli_grid.os, "execv", lambda exe, cmd: seen.update(exe=exe, cmd=cmd))
     assert cli.main(["run", "engine.rounds=3", "methods.fccl_plus.omega=0.5", "--", "-n", "--cores", "1"]) == 0
     cmd = seen["cmd"]
     assert cmd[:3] == [sys.executable, "-m", "snakemake"] and cmd[3] == "--configfile" and cmd[5:] == ["-n", "--cores", "1"]
@@ -76,7 +77,7 @@ def test_run_writes_the_merged_grid_and_execs_snakemake_on_it(project, monkeypat
 
 
 def test_run_refuses_bad_input_before_snakemake(project, monkeypatch, capsys):
-    monkeypatch.setattr(cli.os, "execv", lambda *a: pytest.fail("snakemake started"))
+    monkeypatch.setattr(cli_grid.os, "execv", lambda *a: pytest.fail("snakemake started"))
     assert cli.main(["run", "engine.rouns=3"]) == 2  # checked against the dataclasses, as validate does
     assert "engine (base on rotmnist).rouns: unknown key (did you mean 'rounds'?)" in capsys.readouterr().err
     assert cli.main(["run", "nogrid.yaml"]) == 2

@@ -8,7 +8,7 @@ from typing import Any, Mapping, Optional, Protocol
 
 
 class Interrupted(BaseException):
-    """Raised in the main thread by the SIGTERM/SIGINT handler of a job (see ``fedshift.cli``)."""
+    """Raised in the main thread by the SIGTERM/SIGINT handler of a job (see ``fedshift.cli.jobs``)."""
 
     def __init__(self, signum: int):
         super().__init__(signum)

@@ -1,0 +1,103 @@
+"""``fedshift validate | run``: the experiment grid, checked and planned before anything runs.
+
+The one idea: merge grid files as ``snakemake --configfile`` does, check them as the workflow
+plans them (jobs, tuning candidates, SLURM memory, data not built yet) and, for ``run``, hand
+the checked grid with its dotted overrides to Snakemake. The grid layer (``fedshift.experiments``,
+``fedshift.tune``, ``fedshift.resources``) is imported in the command bodies so that
+``fedshift --help`` does not load it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+from ..errors import ConfigError
+
+
+def _data_not_built(plan, data_params: Path) -> Optional[str]:
+    """One line naming the partitions / public sets the grid reads that `dvc repro` has not built yet
+    (and the hand-supplied archives they need), or None when all are there. The grid itself is valid
+    either way: Snakemake's dvc_repro job builds them, or stops with one line when it cannot."""
+    from ..data.registry import DATASETS, PUBLIC_SETS, SCENARIOS
+
+    folders = {c["paths"]["partition"] for c in (*plan.federate.values(), *plan.needed_pretrain().values())}
+    folders |= {c["paths"]["public"] for c in plan.federate.values() if c["paths"].get("public")}
+    missing = sorted(f for f in folders if not (Path(f) / "manifest.json").is_file())
+    if not missing:
+        return None
+    datasets = set()
+    for f in missing:
+        kind, name = Path(f).parent.name, Path(f).name
+        if kind == "partitions" and name in SCENARIOS:
+            datasets |= set(SCENARIOS.get(name).datasets)
+        elif kind == "public" and name in PUBLIC_SETS:
+            datasets.add(PUBLIC_SETS.get(name).dataset)
+    manual = sorted(d for d in datasets if d in DATASETS and DATASETS.get(d).manual)
+    how = ("`dvc repro`" if data_params == Path("params/data.yaml") else
+           f"`dvc repro` after copying {data_params} over params/data.yaml (DVC builds from that file only)")
+    return (f"data not built yet: {', '.join(missing)}; build with {how}"
+            + (f", which needs the hand-supplied archive(s) {', '.join(manual)} under data/ (docs/datasets.md)"
+               if manual else "") + "; until then the workflow stops at its dvc_repro job")
+
+
+def cmd_validate(args) -> None:
+    from ..experiments import load_experiments, snakemake_config
+
+    exp = snakemake_config([Path(f) for f in args.experiments])
+    data_params = Path(exp.pop("data_params", None) or args.data_params)
+    plan = load_experiments(exp, data_params)
+    from ..tune import plan_tune  # issue 36: the tune block, checked as the workflow plans it
+
+    tuned = plan_tune(exp, plan)
+    needed = plan.needed_pretrain()
+    print(f"ok: {len(needed)} pretrain and {len(plan.federate)} federate jobs"
+          + (f", {len(tuned.candidates)} tuning candidate jobs" if tuned.candidates else ""))
+    # What a cluster will be asked for (the workflow's mem_mb, fedshift.resources): the largest request per kind.
+    from ..resources import WRAPPER_MB, job_estimate, slurm_mem_mb
+
+    gpus = int(exp.get("gpus_per_job", 0) or 0)
+    for kind, jobs in (("pretrain", needed), ("federate", plan.federate)):
+        if jobs:
+            cfg = max(jobs.values(), key=lambda c: job_estimate(c, gpus=gpus).total)
+            print(f"largest {kind} SLURM memory request: {slurm_mem_mb(cfg, gpus=gpus)} MB ({cfg['run_name']}: "
+                  f"estimated peak {job_estimate(cfg, gpus=gpus).describe()}, + {WRAPPER_MB:.0f} MB for Snakemake "
+                  "in the allocation)")
+    missing = _data_not_built(plan, data_params)
+    if missing:  # a notice, not an error: the grid is valid, its data is just not there yet
+        print(missing, file=sys.stderr)
+
+
+def cmd_run(args) -> None:
+    """Merge the grid files (as ``snakemake --configfile`` does), set the dotted overrides, check
+    the result as ``validate`` does, write it to ``results/configs/run-<hash>.yaml`` (the file a
+    later ``snakemake --configfile`` can name again) and exec Snakemake on it."""
+    import hashlib  # ~3 ms that only `run` needs, not `fedshift --help`
+
+    from ..experiments import dump_config, load_experiments, snakemake_config, write_if_changed
+    from ..overrides import apply_overrides
+
+    grids = [i for i in args.items if "=" not in i]
+    overrides = [i for i in args.items if "=" in i]
+    for flag in ("--configfile", "--configfiles"):
+        if flag in args.snakemake_args:
+            raise ConfigError(f"fedshift run: {flag} after `--`: name grid files before `--` and give overrides "
+                              "as KEY=VALUE before it (e.g. fedshift run params/papers/fedmmd_offline.yaml engine.rounds=3)")
+    for g in grids:
+        if not Path(g).exists():
+            raise ConfigError(f"fedshift run: {g}: no such grid file, and not a KEY=VALUE override")
+    exp = apply_overrides(snakemake_config([Path(g) for g in grids or ["params/experiments.yaml"]]), overrides)
+    data_params = Path(exp.get("data_params") or "params/data.yaml")
+    plan = load_experiments({k: v for k, v in exp.items() if k not in ("data_params", "gpus_per_job", "threads_per_job")},
+                            data_params)
+    text = dump_config(exp)
+    path = Path("results/configs") / f"run-{hashlib.sha256(text.encode()).hexdigest()[:10]}.yaml"
+    write_if_changed(path, text)
+    smk = list(args.snakemake_args) or ["--cores", "all"]
+    cmd = [sys.executable, "-m", "snakemake", "--configfile", str(path), *smk]
+    print(f"fedshift run: {', '.join(overrides) or 'no override'} on {' + '.join(grids) or 'params/experiments.yaml'}: "
+          f"{len(plan.needed_pretrain())} pretrain and {len(plan.federate)} federate jobs planned; "
+          f"grid written to {path}\n$ snakemake --configfile {path} {' '.join(smk)}", file=sys.stderr, flush=True)
+    os.execv(sys.executable, cmd)
