@@ -129,6 +129,11 @@ def test_the_validation_winner_is_chosen_not_the_test_winner(relabelled, tmp_pat
     test set: the tune must choose 1e-3, and the seeded runs must then train with it."""
     from fedshift import tune
 
+    part = relabelled / "partitions/mnist5k_permuted"
+    for name in json.loads((part / "manifest.json").read_text())["participants"]:  # the scored images are not test images
+        priv_src = np.load(part / name / "private_index.npy")
+        val_src = priv_src[np.load(part / name / "private_holdout.npy")]
+        assert len(val_src) > 0 and not set(val_src) & set(np.load(part / name / "test_index.npy"))
     grid = _grid({"budget": {"rounds": 2, "seeds": [7], "patience": 0}, "metric": "avg/val/acc",
                   "methods": {"fedavg": {"engine.lr": [1e-7, 1e-3]}}})
     plan, tp = _plan(grid, tmp_path, relabelled)
