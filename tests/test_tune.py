@@ -323,7 +323,7 @@ def test_a_rounds_table_says_which_rows_were_tuned_and_by_what_budget():
     cfg = {"tuned": {"budget": {"rounds": 15, "seeds": [100], "patience": 5}, "metric": "global/val/top1"}}
     (line, blank) = tuned_rounds_note(g, cfg)
     assert line.startswith("Tuned on the validation holdout") and "fedavg, fedmmd; not tuned: fedfusion." in line
-    assert "15 rounds, tuning seeds [100], early-stopping patience 5" in line and "global/val/top1" in line
+    assert "15 rounds, tuning seeds [100], early-stopping patience 5 evaluations" in line and "global/val/top1" in line
     assert tuned_rounds_note(g.assign(tuned=False), cfg) == []
 
 

@@ -68,7 +68,8 @@ def tuned_budget(report_cfg: dict, sub: pd.DataFrame) -> str:
         return ""
     b = t.get("budget") or {}
     return (f" Tuning budget per candidate: {b.get('rounds')} rounds, tuning seeds {b.get('seeds')}, early-stopping "
-            f"patience {b.get('patience')} evaluations, selected by {t.get('metric')} on validation.")
+            f"patience {b.get('patience')} evaluation{'' if b.get('patience') == 1 else 's'} (0: none), "
+            f"selected by {t.get('metric')} on validation.")
 
 
 def participant_archs(df: pd.DataFrame) -> dict:
