@@ -311,6 +311,11 @@ def test_report_states_selection_and_prints_the_tuned_table(tmp_path):
     assert any("| fedprox | st | engine.lr | 0.001 0.01 0.1 | 0.1 (edge) |" in l for l in md)
     assert any(l.startswith("**Chosen at the edge of its range**") and "fedprox engine.lr." in l for l in md)
     assert not any("fedavg engine.lr" in l for l in md)
+    pd.DataFrame([{"scenario": "s", "public": "none", "method": "plugin", "structure": "st", "parameter": "engine.lr",
+                   "candidates": "0.001 0.01 0.1", "chosen": 0.01, "val_score": 10.52, "n_candidates": 3, "diverged": 0,
+                   "scores": "lr=0.001: 9.90; lr=0.01: 10.52; lr=0.1: 10.52"}]).to_csv(table, index=False)
+    md = tuned_section({"tuned": {"table": str(table), "budget": {}, "metric": "avg/val/acc"}}, tmp_path)
+    assert any("| 0.01 (tie of 2: first listed) | 10.52 |" in l for l in md)  # a tie is said, not hidden
     assert (tmp_path / "tuned.csv").exists()
 
 

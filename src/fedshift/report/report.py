@@ -268,7 +268,8 @@ def tuned_section(report_cfg: Dict, out: Path) -> List[str]:
              f"tuning seeds {b.get('seeds')}; {b.get('rounds')} rounds, early-stopping patience {b.get('patience')}); "
              "test data never seen. `val score`: the chosen candidate's; `diverged`: how many candidates' loss or "
              "weights became non-finite (never chosen); `scores`: every candidate's values and validation score (%), "
-             "`diverged` in place of a score (docs/tuning.md).", "",
+             "`diverged` in place of a score; `(tie of k: first listed)` after a chosen value: k candidates share the "
+             "best score and the first listed is taken (docs/tuning.md).", "",
              "| scenario | public | method | structure | parameter | candidates | chosen | val score (%) | diverged | scores |",
              "|---|---|---|---|---|---|---|---:|---|---|"]
     edges = []
@@ -277,6 +278,9 @@ def tuned_section(report_cfg: Dict, out: Path) -> List[str]:
         if _on_edge(r.candidates, r.chosen):
             chosen += " (edge)"
             edges.append(f"{r.method} {r.parameter}")
+        tied = [x for x in str(r.scores).split("; ") if x.rsplit(": ", 1)[-1] == f"{r.val_score:.2f}"]
+        if len(tied) > 1:  # chosen by order among equal scores (often: all at chance)
+            chosen += f" (tie of {len(tied)}: first listed)"
         div = (f"{r.diverged} of {r.n_candidates}" if "n_candidates" in df.columns else "")
         lines.append(f"| {r.scenario} | {r.public} | {r.method} | {r.structure} | {r.parameter} | {r.candidates} | "
                      f"{chosen} | {r.val_score:.2f} | {div} | {r.scores} |")
