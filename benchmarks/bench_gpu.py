@@ -69,6 +69,10 @@ LEVERS = {
     "overlap+compile+graphs": ({"overlap_participants": True, "compile": "reduce-overhead"}, True),
     "amp=auto": ({"amp": "auto"}, True),
     "cudnn_benchmark": ({"cudnn_benchmark": True}, True),
+    # every non-compile GPU lever at once (cuda_graphs is ignored under compile)
+    "overlap+graphs+amp+cudnn": ({"overlap_participants": True, "cuda_graphs": True, "amp": "auto",
+                                  "cudnn_benchmark": True}, True),
+    "amp=bf16": ({"amp": "bf16"}, True),
 }
 
 
@@ -134,6 +138,14 @@ def digits_round(args, levers: Dict, device: torch.device) -> Dict[str, float]:
             fn()
             sync(device)
             out[name] = out.get(name, 0.0) + (time.perf_counter() - t) / args.rounds
+    if args.per_arch:  # each participant's local epoch alone: the lever's effect per architecture
+        for c, arch in zip(fed.clients, archs):
+            sync(device)
+            t = time.perf_counter()
+            fed.train_participants(clients=[c], loss_fn=lambda cl, x, y, s: method.local_loss(fed, cl, x, y, s),
+                                   epochs=1)
+            sync(device)
+            out[f"local, {arch} alone ({c.num_private} images)"] = time.perf_counter() - t
     out["paper round (20 local epochs)"] = out["collaborative"] + 20 * out["local (1 epoch, all)"] + out["evaluation"]
     out["evaluation share of a paper round (%)"] = 100 * out["evaluation"] / out["paper round (20 local epochs)"]
     out["warm-up extra (compile/capture)"] = warm - (out["collaborative"] + out["local (1 epoch, all)"]
@@ -333,6 +345,8 @@ def main(argv=None) -> None:
     p.add_argument("--archs", nargs="+", default=DIGITS_ARCHS)
     p.add_argument("--rounds", type=int, default=1, help="timed rounds of table 1 after the warm-up")
     p.add_argument("--eval-batch", type=int, default=2048)
+    p.add_argument("--per-arch", action="store_true",
+                   help="table 1: also one local epoch of each participant alone (per-architecture rows)")
     p.add_argument("--fedavg-clients", type=int, default=100)
     p.add_argument("--fedavg-fraction", type=float, default=0.1)
     p.add_argument("--fedavg-epochs", type=int, default=2)

@@ -21,12 +21,15 @@ Configurations (``--configs``; each is ``defaults`` with one lever changed, exce
 ``before``):
 
     defaults      the engine defaults of this version (channels_last, recompute on CPU,
-                  malloc_tuning 64 MB, eval_batch 256, one graph, sparse correlation matrices)
+                  malloc_tuning 64 MB, eval_batch 256, one graph; evaluation with BatchNorm
+                  folded and, on the avx512_bf16 CPU kind, bf16 autocast: eval_fold_bn / bf16
+                  auto, benchmarks/bench_eval.py) and no cross-correlation data (corr_every: 0:
+                  the benchmark's tables, like the authors' run, compute no Fig. 8 data)
     before        fedshift before issue 14: stride-1 EfficientNet (efficientnet_b0_s1),
                   eval_batch 2048, glibc allocator untuned, every participant's graph alive
                   in the collaborative step, correlation matrices of 512 samples every
-                  round, contiguous layout, no recompute (evaluation keeps this version's
-                  inference_mode and buffer)
+                  round, contiguous layout, no recompute, float32 evaluation without folding
+                  (evaluation keeps this version's inference_mode and buffer)
     defaults_v1   the defaults of the first issue-14 version: contiguous layout, no recompute,
                   every freed buffer kept (malloc_tuning: true = 1024 MB): fastest, 7.9 GB
     no_malloc     engine.malloc_tuning: false (glibc's own mmap threshold)
@@ -35,11 +38,15 @@ Configurations (``--configs``; each is ``defaults`` with one lever changed, exce
     no_cl         engine.channels_last: false
     no_recompute  engine.recompute: false (no activation checkpointing)
     bf16          engine.bf16: true (bf16 autocast in evaluation; needs AVX-512 BF16/AMX)
+    no_bf16       engine.bf16: false (float32 evaluation on every CPU kind)
+    no_fold       engine.eval_fold_bn: false (BatchNorm run as a layer in evaluation)
+    eval_before40 both: the evaluation of fedshift before issue 40
     eval2048      engine.eval_batch: 2048
     eval128       engine.eval_batch: 128
     eff_s1        the earlier stride-1 EfficientNet-B0 (efficientnet_b0_s1)
     eval_round0   engine.eval_round0: true (one more evaluation, before the round)
-    no_corr       fccl_plus.corr_every: 0 (no cross-correlation figure data)
+    corr          fccl_plus.corr_every: sparse (the method's default: Fig. 8 data at the figure's
+                  5 rounds, here round 1), the extra cost a Fig. 8 grid pays
     graphs_all    engine.public_graphs: all (every participant's autograd graph alive in the
                   collaborative step: K-1 fewer forward passes, K times the activation memory)
 
@@ -81,13 +88,16 @@ AUTHORS = {"collab": (458, 425), "local": (100, 97), "eval": (81, 75), "whole": 
 FULL = {"private": [138, 94, 4000, 1000], "public": 2000, "test": 1000}
 QUICK = {"private": [138, 94, 500, 125], "public": 256 * 2, "test": 125}
 
-DEFAULTS: Dict = {"engine": {}, "method": {}, "efficientnet": "efficientnet_b0"}
+# corr_every: 0 - the tables of this benchmark (and the authors' run, whose heat-map call is commented out)
+# compute no Fig. 8 cross-correlation data; only a grid that asks for Fig. 8 does (configuration `corr`).
+DEFAULTS: Dict = {"engine": {}, "method": {"corr_every": 0}, "efficientnet": "efficientnet_b0"}
 CONFIGS: Dict[str, Dict] = {
     "defaults": {},
     "before": {"engine": {"eval_batch": 2048, "malloc_tuning": False, "public_graphs": "all", "channels_last": False,
-                          "recompute": False},
+                          "recompute": False, "eval_fold_bn": False, "bf16": False},
                "method": {"corr_every": 1, "corr_samples": 512}, "efficientnet": "efficientnet_b0_s1"},
-    "defaults_v1": {"engine": {"channels_last": False, "recompute": False, "malloc_tuning": True}},
+    "defaults_v1": {"engine": {"channels_last": False, "recompute": False, "malloc_tuning": True, "eval_fold_bn": False,
+                               "bf16": False}},
     "no_malloc": {"engine": {"malloc_tuning": False}},
     "malloc_1g": {"engine": {"malloc_tuning": True}},
     "malloc_128": {"engine": {"malloc_tuning": 128}},
@@ -100,7 +110,10 @@ CONFIGS: Dict[str, Dict] = {
     "eval128": {"engine": {"eval_batch": 128}},
     "eff_s1": {"efficientnet": "efficientnet_b0_s1"},
     "eval_round0": {"engine": {"eval_round0": True}},
-    "no_corr": {"method": {"corr_every": 0}},
+    "corr": {"method": {"corr_every": "sparse"}},
+    "no_fold": {"engine": {"eval_fold_bn": False}},
+    "no_bf16": {"engine": {"bf16": False}},
+    "eval_before40": {"engine": {"eval_fold_bn": False, "bf16": False}},
     "graphs_all": {"engine": {"public_graphs": "all"}},
 }
 PHASES = ["eval0", "collab", "local", "corr", "eval"]

@@ -27,13 +27,6 @@ torch.set_num_threads(1)
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
     """build/ with mnist5k, photo_patches, a small rotmnist partition and public set."""
-    from fedshift.data import FetchContext, build
+    from fedshift.testing import build_tiny_data
 
-    root = tmp_path_factory.mktemp("build")
-    ctx = FetchContext()
-    build.fetch_dataset("mnist5k", root / "datasets/mnist5k", ctx)
-    build.fetch_dataset("photo_patches", root / "datasets/photo_patches", ctx, {"n": 400})
-    build.build_public("photo_patches", root / "datasets/photo_patches", root / "public/photo_patches", {"n": 256})
-    build.partition("rotmnist", {"mnist5k": root / "datasets/mnist5k"}, root / "partitions/rotmnist",
-                    {"per_class": 20, "alpha": 0.1, "val": 0.1, "test": 0.25})
-    return root
+    return build_tiny_data(tmp_path_factory.mktemp("build"))

@@ -1,55 +1,11 @@
-"""Build small federations for method tests (real data from the tiny_data fixture)."""
+"""Test helpers beyond fedshift.testing (which builds the tiny federations and holds the resume
+check a plugin's own tests use too)."""
 
 from __future__ import annotations
 
 import torch
 
-from fedshift.data.loading import load_federated
-from fedshift.engine.config import EngineConfig
-from fedshift.engine.federation import Federation
-from fedshift.runner import build_models
-
-
-def tiny_federation(root, archs=("lenet", "lenet"), seed=0, **engine):
-    defaults = dict(rounds=1, local_epochs=1, local_batch=32, public_batch=64, public_epochs=1,
-                    device="cpu", eval_batch=512, public_aug="weak")
-    defaults.update(engine)
-    cfg = EngineConfig(**defaults)
-    parts = ["m0", "m20", "m40", "m60"][: len(archs)]
-    data = load_federated(root / "partitions/rotmnist", root / "public/photo_patches", "cpu", parts)
-    models = build_models(list(archs), data.num_classes, data.image_shape[0], cfg.norm, seed)
-    fed = Federation(data, models, list(archs), cfg, seed, torch.device("cpu"))
-    fed.round = 1
-    return fed
-
-
-def synthetic_federation(num_clients, per_client=12, arch="lenet", seed=0, server_model=True, test=4, **engine):
-    """K clients of random 1x28x28 images and labels (no partition on disk), for many-client tests.
-
-    With ``server_model`` every client shares one model object, as the runner builds it.
-    """
-    from fedshift.data.loading import ClientData, FederatedData
-
-    g = torch.Generator().manual_seed(1000 + seed)
-    clients = []
-    for i in range(num_clients):
-        n = per_client + i % 3  # unequal sizes, so sample weighting matters
-        x = torch.randint(0, 256, (n, 1, 28, 28), generator=g, dtype=torch.uint8)
-        y = torch.randint(0, 10, (n,), generator=g)
-        name = f"client{i:03d}"
-        clients.append(ClientData(name, name, {"private": (x, y), "test": (x[:test], y[:test])}))
-    data = FederatedData("synthetic", 10, (1, 28, 28), clients, None, None)
-    defaults = dict(rounds=3, local_epochs=1, local_batch=5, optimizer="sgd", lr=0.05, weight_decay=0.0,
-                    device="cpu", eval_batch=512, server_model=server_model)
-    defaults.update(engine)
-    cfg = EngineConfig(**defaults)
-    archs = [arch] * num_clients
-    models = build_models(archs[:1] if server_model else archs, 10, 1, cfg.norm, seed)
-    if server_model:
-        models = models * num_clients
-    fed = Federation(data, models, archs, cfg, seed, torch.device("cpu"))
-    fed.round = 1
-    return fed
+from fedshift.testing import tiny_federation
 
 
 def client_params(fed, i=0):
@@ -68,42 +24,6 @@ def run_method(root, params, method, rounds, archs, **engine):
         fed.round = r
         m.run_round(fed, r)
     return fed, m
-
-
-def copy_engine_state(fed_a, fed_b):
-    """What the engine restores itself on resume: the participants' weights and the random streams."""
-    for ca, cb in zip(fed_a.clients, fed_b.clients):
-        cb.model.load_state_dict(ca.model.state_dict())
-        cb.generator.set_state(ca.generator.get_state())
-    fed_b.public_gen.set_state(fed_a.public_gen.get_state())
-    fed_b.aug_gen.set_state(fed_a.aug_gen.get_state())
-
-
-def resumed_round_three(build, path):
-    """Two rounds, a checkpoint through ``torch.save`` / ``torch.load(weights_only=True)`` at ``path``, then
-    round 3 straight on and, in a fresh ``build()`` moved one round away first, round 3 after restoring it.
-    Asserts the round's metrics and every participant's weights are identical; returns
-    ``(fed, method), (restored_fed, restored_method)`` for the method's own state checks."""
-    from fedshift.engine import checkpoint
-
-    fed, method = build()
-    for r in (1, 2):
-        fed.round = r
-        method.run_round(fed, r)
-    torch.save(checkpoint.federation_state(fed, method), path)
-    fed.round = 3
-    straight = method.run_round(fed, 3)
-
-    fed2, method2 = build()
-    fed2.round = 1
-    method2.run_round(fed2, 1)  # move every state away from the restored one first
-    checkpoint.restore_federation(fed2, method2, torch.load(path, weights_only=True))
-    fed2.round = 3
-    assert method2.run_round(fed2, 3) == straight
-    for c1, c2 in zip(fed.clients, fed2.clients):
-        s1, s2 = c1.model.state_dict(), c2.model.state_dict()
-        assert all(torch.equal(s1[k], s2[k]) for k in s1), (method.name, c1.name)
-    return (fed, method), (fed2, method2)
 
 
 def pipeline_copy(root, data, grid):

@@ -16,7 +16,7 @@ from fedshift import losses as L
 from fedshift.errors import ConfigError
 from fedshift.methods import create_method
 
-from helpers import copy_engine_state, tiny_federation
+from fedshift.testing import copy_engine_state, tiny_federation
 
 DT = torch.float64
 

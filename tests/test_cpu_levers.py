@@ -15,7 +15,7 @@ from fedshift.methods import create_method
 from fedshift.methods.fccl import corr_due, sparse_rounds
 from fedshift.models import create_model
 
-from helpers import tiny_federation
+from fedshift.testing import tiny_federation
 
 
 def test_sparse_rounds():

@@ -12,7 +12,8 @@ import pytest
 from conftest import REPO
 from fedshift.cli import _data_not_built, main
 from fedshift.experiments import load_experiments, snakemake_config
-from fedshift.report import paper_delta as pdl
+from fedshift.report.published import PublishedSpec, check_printed, load_published
+from fedshift.report.verdicts import compare
 
 REAL = "params/papers/fccl_table3.yaml"
 OFFLINE = "params/papers/fccl_table3_offline.yaml"
@@ -32,7 +33,7 @@ def in_repo(monkeypatch):
 
 def test_the_published_table_names_what_the_grid_runs(in_repo):
     exp, _, plan = _plan(REAL)
-    pub = pdl.load_published("fccl_table3")
+    pub = load_published("fccl_table3")
     assert set(pub["method"]) == ROWS == {j.method for j in plan.federate}
     assert set(pub["scenario"]) == {"office_home"} == {j.scenario for j in plan.federate}
     assert set(pub["participant"]) - {"avg"} == set(next(iter(plan.federate.values()))["participants"])
@@ -40,7 +41,7 @@ def test_the_published_table_names_what_the_grid_runs(in_repo):
     # the added AVG rows are the exact mean of the printed cells, and say they were not printed
     avg = pub[pub["participant"] == "avg"]
     assert len(avg) == 2 * len(ROWS) and avg["note"].str.startswith("not printed").all()
-    assert (pdl.check_printed(pub) == "").all()
+    assert (check_printed(pub) == "").all()
 
 
 def test_real_grid_plans_the_authors_protocol(in_repo):
@@ -102,8 +103,8 @@ def test_offline_twin_runs_the_same_rows_and_maps_onto_the_published_table(in_re
                  metric=k, mean=50.0, ci=float("nan"), n=1, reached=1)
             for j in plan.federate for m in ({"base_pretrain", "base"} if j.method == "base" else {j.method})
             for k in ("inter/top5", "intra/top5")]
-    cells = pdl.compare(pd.DataFrame(rows), pdl.load_published("fccl_table3"), report["published_scenarios"],
-                        pdl.PublishedSpec("fccl_table3"))
+    cells = compare(pd.DataFrame(rows), load_published("fccl_table3"), report["published_scenarios"],
+                        PublishedSpec("fccl_table3"))
     matched = cells[cells["published"].notna()]
     assert set(matched["method"]) == ROWS and len(matched) == 2 * len(ROWS)
     assert matched["proxy"].all() and (matched["scenario"] == "office_home").all()

@@ -22,7 +22,7 @@ from fedshift.methods.fccl import collaborative_targets
 from fedshift.methods.feddf import ensemble_target
 
 from conftest import REPO
-from helpers import tiny_federation
+from fedshift.testing import tiny_federation
 
 HETERO = ("lenet", "simple_cnn")
 HOMO = ("lenet", "lenet")

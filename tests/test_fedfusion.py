@@ -12,7 +12,7 @@ from fedshift.methods import create_method
 from fedshift.methods.fedfusion import FusedModel, Fusion, fuse_conv, fuse_weighted
 from fedshift.models import create_model
 
-from helpers import synthetic_federation
+from fedshift.testing import synthetic_federation
 
 torch.set_num_threads(1)
 

@@ -16,8 +16,10 @@ from fedshift.engine import h2l_metrics
 from fedshift.losses import batch_accuracy, confidence_weights, h2l_mutual_loss, project_gradient
 from fedshift.methods import create_method
 from fedshift.methods import fedh2l as fedh2l_mod
+from fedshift.methods.stepwise import bind_flat_grads
 
-from helpers import client_params, run_method, tiny_federation
+from fedshift.testing import tiny_federation
+from helpers import client_params, run_method
 
 LENET4 = ("lenet",) * 4
 
@@ -128,7 +130,7 @@ def _run(tiny_data, params, rounds=3, method="fedh2l", archs=LENET4):
 def test_flat_grad_buffer_is_the_gradient(tiny_data):
     fed = tiny_federation(tiny_data, ("lenet",), public_aug="none")
     model = fed.clients[0].model
-    buf = fedh2l_mod.bind_flat_grads(model)
+    buf = bind_flat_grads(model)
     x, y = fed.clients[0].data.get("private")
     from fedshift.data.loading import normalize
 
@@ -331,7 +333,7 @@ def test_flat_params_takes_channels_last_weights_in_the_gradient_buffer_order():
     (view(-1)) refuses; flat_params flattens in logical order, the order of bind_flat_grads."""
     from torch.nn.utils import parameters_to_vector
 
-    from fedshift.methods.fedh2l import bind_flat_grads, flat_params
+    from fedshift.methods.stepwise import flat_params
     from fedshift.models import create_model
 
     torch.manual_seed(0)

@@ -8,7 +8,8 @@ import torch
 from fedshift.errors import ConfigError
 from fedshift.methods import create_method
 from fedshift.runner import build_models
-from helpers import client_params, run_method, tiny_federation
+from fedshift.testing import tiny_federation
+from helpers import client_params, run_method
 
 LENET4 = ("lenet",) * 4
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from fedshift.methods import create_method
 from fedshift.methods.fedheal import consistency_mask, fair_weights, masked_aggregate, update_size
 
-from helpers import resumed_round_three, synthetic_federation, tiny_federation
+from fedshift.testing import resumed_round_three, synthetic_federation, tiny_federation
 
 DT = torch.float64
 

@@ -19,7 +19,8 @@ from fedshift.experiments import load_experiments
 from fedshift.methods import create_method
 from fedshift.methods.fedmd import FedMD
 
-from helpers import client_params, tiny_federation
+from fedshift.testing import tiny_federation
+from helpers import client_params
 
 TRANSFER = {"public_data": "seed", "public_subset": 64, "homogeneous_averaging": "none"}
 

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from fedshift.losses import MMD_BANDWIDTH_MULTIPLIERS, mmd2_rbf, two_stream_l2
 from fedshift.methods import create_method
 
-from helpers import synthetic_federation
+from fedshift.testing import synthetic_federation
 
 torch.set_num_threads(1)
 

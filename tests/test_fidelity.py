@@ -13,7 +13,7 @@ from fedshift.engine.evaluation import evaluate_domains
 from fedshift.engine.federation import Federation
 from fedshift.methods import create_method
 
-from helpers import tiny_federation
+from fedshift.testing import tiny_federation
 
 METHODS = [("base", {}), ("fedavg", {}), ("fedmd", {"public_subset": 64}), ("feddf", {}),
            ("fccl", {"corr_every": 0}), ("fccl_plus", {"corr_every": 0})]

@@ -17,7 +17,7 @@ from fedshift.methods import create_method
 from fedshift.methods import prototypes as P
 from fedshift.methods.fpl import steps_per_epoch
 
-from helpers import resumed_round_three, synthetic_federation, tiny_federation
+from fedshift.testing import resumed_round_three, synthetic_federation, tiny_federation
 
 DT = torch.float64
 

@@ -13,8 +13,8 @@ from fedshift.config import resolve
 from fedshift.engine.config import EngineConfig
 from fedshift.engine.fused import (FusedOptimizer, check_fusable, fused_local_update, train_clients_fused, unstack,
                                    use_fused, weighted_mean_stacked)
-from fedshift.methods.fedavg import weighted_average
-from helpers import tiny_federation
+from fedshift.engine.averaging import weighted_average
+from fedshift.testing import tiny_federation
 
 
 def tiny_cnn(dropout: float = 0.0) -> nn.Module:

@@ -14,7 +14,7 @@ its own layer from another unit and nothing above:
     6 runner (the composition: builds data, models and method from a config, drives the engine),
       resources (the memory a job needs, from its config: SLURM's mem_mb)
     7 experiments (the grid)
-    8 cli, the package itself
+    8 cli, the package itself, testing (tiny federations and the resume check for tests)
 
 Every import counts, lazy ones inside functions too (they run as well); only imports
 under ``if TYPE_CHECKING:`` are left out. Imports are read with ``ast``, nothing is run.
@@ -39,9 +39,9 @@ LAYERS = {
     "fedshift.runner": 6, "fedshift.resources": 6,
     "fedshift.experiments": 7,
     "fedshift.tune": 8,
-    "fedshift.cli": 9, "fedshift": 9,
+    "fedshift.cli": 9, "fedshift.testing": 9, "fedshift": 9,
 }
-ENTRY = {"fedshift", "fedshift.cli"}  # the package and the console script: imported from outside
+ENTRY = {"fedshift", "fedshift.cli", "fedshift.testing"}  # the package, the console script, and what tests import
 
 # Known, owned by another issue; the coordinator empties it once that issue is merged.
 KNOWN_CIRCLES: list = []  # the report circle was cut when the report half of issue 22 landed
@@ -170,3 +170,33 @@ def test_the_checks_can_fail():
     assert "fedshift.methods.fedavg" in g["fedshift.methods"]  # `from . import fedavg` in __init__
     assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
     assert layer("fedshift.engine.federation") == ("fedshift.engine", 4)
+
+
+# Inside a unit that issue 35 split by idea, its modules go down too: fedshift.report's paper delta
+# (shared frames and statistics, the papers' data, the computations, their rendering, the section) and
+# fedshift.tracking (how a call is made, the store, the adapter, the job policy, the package's interface).
+SUBLAYERS = {
+    "fedshift.report": {
+        "stats": 0, "frames": 0, "palette": 0,
+        "published": 1,
+        "ours": 2, "verdicts": 2, "claims": 2,
+        "delta_markdown": 3, "delta_figures": 3,
+        "paper_delta": 4,
+        "report": 5,
+    },
+    "fedshift.tracking": {"base": 0, "calls": 0, "store": 1, "mlflow_adapter": 2, "jobs": 3, "": 4},
+}
+
+
+def test_split_units_import_downward():
+    g = graph()
+    wrong = []
+    for unit, levels in SUBLAYERS.items():
+        def full(name):
+            return f"{unit}.{name}" if name else unit
+        for name, lvl in levels.items():
+            for t in sorted(g[full(name)]):
+                tname = next((n for n in levels if full(n) == t), None)
+                if tname is not None and levels[tname] >= lvl:
+                    wrong.append(f"{full(name)} (level {lvl}) imports {t} (level {levels[tname]})")
+    assert not wrong, "\n".join(wrong)

@@ -16,7 +16,7 @@ from fedshift.engine.federation import frozen_copy
 from fedshift.engine.levers import (AMP_BY_FAMILY, EngineLevers, amp_dtype, interleave, model_family,
                                     slot_device)
 from fedshift.errors import ConfigError
-from helpers import tiny_federation
+from fedshift.testing import tiny_federation
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs/streams/autocast need a GPU")
 

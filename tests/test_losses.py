@@ -451,23 +451,27 @@ def test_moon_hand_value_and_reference():
     assert L.moon_contrastive_loss(t(a), t(b), t(c), tau).item() == pytest.approx(ref / 5, rel=1e-12)
 
 
+def restricted_softmax_ce(logits, labels, present_mask, alpha):
+    """FedRS's restricted softmax as its paper writes it (no bias): logits of absent classes times alpha, CE."""
+    one = torch.ones((), dtype=logits.dtype)
+    return torch.nn.functional.cross_entropy(logits * torch.where(present_mask, one, one * alpha), labels)
+
+
 def test_restricted_softmax_hand_value_and_reference():
+    """FedRS's ``missing`` scales through restricted_logits (no bias) are the paper's restricted softmax."""
     z, y = t([[2.0, 4.0]]), torch.tensor([0])
     mask = torch.tensor([True, False])
     # absent class 1 scaled: [2, 2] -> CE = log 2
-    assert L.restricted_softmax_ce(z, y, mask, 0.5).item() == pytest.approx(math.log(2), abs=1e-15)
+    assert restricted_softmax_ce(z, y, mask, 0.5).item() == pytest.approx(math.log(2), abs=1e-15)
     r = rng(17)
     zs, ys = r.normal(size=(4, 5)), r.integers(0, 3, size=4)
     present = [True, True, True, False, False]
-    ref = sum(np_ce([zs[b, c] * (1.0 if present[c] else 0.3) for c in range(5)], ys[b]) for b in range(4)) / 4
-    got = L.restricted_softmax_ce(t(zs), torch.tensor(ys), torch.tensor(present), 0.3)
+    ref = sum(np_ce([zs[b, c] * (1.0 if present[c] else 0.5) for c in range(5)], ys[b]) for b in range(4)) / 4
+    assert restricted_softmax_ce(t(zs), torch.tensor(ys), torch.tensor(present), 0.5).item() == pytest.approx(ref, rel=1e-12)
+    scales = L.fedrs_class_scales(torch.tensor([3, 1, 2, 0, 0]), 0.5, "missing")  # 0.5: exact in float32
+    got = torch.nn.functional.cross_entropy(L.restricted_logits(t(zs), scales), torch.tensor(ys))
     assert got.item() == pytest.approx(ref, rel=1e-12)
     assert got.dtype == DT
-    # alpha = 1 is plain cross-entropy
-    torch.testing.assert_close(
-        L.restricted_softmax_ce(t(zs), torch.tensor(ys), torch.tensor(present), 1.0),
-        torch.nn.functional.cross_entropy(t(zs), torch.tensor(ys)),
-    )
 
 
 # ------------------------------------------------------------------ general properties
@@ -477,7 +481,6 @@ def _calls(r):
     z1, z2, z3 = (t(r.normal(size=(6, 4))) for _ in range(3))
     y = torch.tensor(r.integers(0, 4, size=6))
     probs = torch.softmax(z3, 1)
-    mask = torch.tensor([True, False, True, True])
     return [
         (L.fccm_loss, (z1, z2, 0.0051)),
         (L.fisl_loss, (z1, z2)),
@@ -489,7 +492,6 @@ def _calls(r):
         (L.fedmd_digest_loss, (z1, z2)),
         (L.symmetric_ce_loss, (z1, y, 0.1, 1.0)),
         (L.moon_contrastive_loss, (z1, z2, z3, 0.5)),
-        (L.restricted_softmax_ce, (z1, y, mask, 0.5)),
         (L.prox_term, ([z1], [z2], 0.01)),
         (L.ewc_penalty, ([z1], [z2], [probs], 1.0)),
     ]

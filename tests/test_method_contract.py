@@ -66,7 +66,7 @@ def _lines_of_code(code):
 
 def _fed64(monkeypatch):
     from fedshift.engine import federation
-    from helpers import synthetic_federation
+    from fedshift.testing import synthetic_federation
 
     monkeypatch.setattr(federation, "normalize", lambda x: (x.double() / 255.0 - 0.5) / 0.5)
     fed = synthetic_federation(4, local_epochs=1, lr=0.05)

@@ -10,9 +10,9 @@ import torch
 
 from fedshift.losses import fccm_loss, fisl_loss, instance_similarity
 from fedshift.methods import METHODS, create_method
-from fedshift.methods.fedavg import weighted_average
+from fedshift.engine.averaging import weighted_average
 
-from helpers import tiny_federation
+from fedshift.testing import tiny_federation
 
 
 def test_weighted_average_by_hand():

@@ -16,8 +16,13 @@ import yaml
 from conftest import REPO
 from fedshift.data import SCENARIOS
 from fedshift.methods import METHODS
-from fedshift.report import paper_delta as pdl
+from fedshift.report.claims import _term, evaluate_claims, load_claims
+from fedshift.report.ours import aggregate, ours_long, value_source
+from fedshift.report.published import (ARITHMETIC_FLAGS, SPECIAL_PARTICIPANTS, PublishedSpec, all_published,
+                                       check_printed, load_published, parse_value)
 from fedshift.report.report import make_report
+from fedshift.report.stats import mean_ci, t_critical, verdict
+from fedshift.report.verdicts import compare, ranking, summarize
 
 PUBLISHED = REPO / "params/papers/published"
 
@@ -47,21 +52,21 @@ def variant_names():
 
 
 def test_t_critical_matches_tables():
-    assert pdl.t_critical(2) == pytest.approx(12.706, abs=1e-3)
-    assert pdl.t_critical(3) == pytest.approx(4.303, abs=1e-3)
-    assert pdl.t_critical(5) == pytest.approx(2.776, abs=1e-3)
-    assert pdl.t_critical(11) == pytest.approx(2.228, abs=1e-3)
-    assert math.isnan(pdl.t_critical(1))
+    assert t_critical(2) == pytest.approx(12.706, abs=1e-3)
+    assert t_critical(3) == pytest.approx(4.303, abs=1e-3)
+    assert t_critical(5) == pytest.approx(2.776, abs=1e-3)
+    assert t_critical(11) == pytest.approx(2.228, abs=1e-3)
+    assert math.isnan(t_critical(1))
 
 
 def test_mean_ci_by_hand():
     # 1, 2, 3: mean 2, sd 1, half-width 4.303 / sqrt(3) = 2.484
-    m, h, n = pdl.mean_ci([1.0, 2.0, 3.0])
+    m, h, n = mean_ci([1.0, 2.0, 3.0])
     assert (m, n) == (2.0, 3) and h == pytest.approx(4.303 / math.sqrt(3), abs=1e-3)
     # 10, 14: mean 12, sd 2.828, half-width 12.706 * 2.828 / sqrt(2) = 25.41
-    m, h, n = pdl.mean_ci([10.0, 14.0])
+    m, h, n = mean_ci([10.0, 14.0])
     assert m == 12.0 and h == pytest.approx(12.706 * math.sqrt(8) / math.sqrt(2), abs=1e-2)
-    m, h, n = pdl.mean_ci([5.0, float("nan")])
+    m, h, n = mean_ci([5.0, float("nan")])
     assert (m, n) == (5.0, 1) and math.isnan(h)
 
 
@@ -74,7 +79,7 @@ def test_verdicts_tost_against_scipy():
     for xs, published in (([50.0, 50.5, 49.5, 50.2, 49.8], 51.0), ([50.0, 50.5, 49.5, 50.2, 49.8], 49.0),
                           ([50.0, 50.5, 49.5, 50.2, 49.8], 60.0), ([50.0, 50.5, 49.5, 50.2, 49.8], 40.0),
                           ([40.0, 60.0], 50.0), ([70.0, 71.0], 50.0), ([50.0, 52.0, 51.0], 53.4)):
-        m, h, n = pdl.mean_ci(xs)
+        m, h, n = mean_ci(xs)
         lo_p = stats.ttest_1samp(xs, published - margin, alternative="greater").pvalue
         hi_p = stats.ttest_1samp(xs, published + margin, alternative="less").pvalue
         if n < 3:  # one degree of freedom: no verdict whatever the interval (stats.MIN_N)
@@ -87,29 +92,29 @@ def test_verdicts_tost_against_scipy():
             want = "differs (below)"
         else:
             want = "inconclusive"
-        assert pdl.verdict(m, h, published, n, margin) == want, (xs, published)
-    assert pdl.verdict(50.0, float("nan"), 49.0, 1) == "inconclusive (n = 1: no interval)"
-    assert pdl.verdict(50.0, float("nan"), 10.0, 1) == "inconclusive (n = 1: no interval)"
+        assert verdict(m, h, published, n, margin) == want, (xs, published)
+    assert verdict(50.0, float("nan"), 49.0, 1) == "inconclusive (n = 1: no interval)"
+    assert verdict(50.0, float("nan"), 10.0, 1) == "inconclusive (n = 1: no interval)"
     # three seeds that printed the same number: the spread is unmeasured, not zero (issue 39 item 2)
-    assert pdl.verdict(84.0, 0.0, 84.0, 3) == "inconclusive (zero-width interval: every seed gave the same number)"
-    assert pdl.verdict(84.0, 0.0, 40.0, 2).startswith("inconclusive (n = 2 < 3")
-    assert pdl.verdict(float("nan"), 1.0, 49.0, 0) == "not run"
+    assert verdict(84.0, 0.0, 84.0, 3) == "inconclusive (zero-width interval: every seed gave the same number)"
+    assert verdict(84.0, 0.0, 40.0, 2).startswith("inconclusive (n = 2 < 3")
+    assert verdict(float("nan"), 1.0, 49.0, 0) == "not run"
 
 
 def test_ranking_kendall_and_order():
-    tau, same = pdl.ranking({"a": 3, "b": 2, "c": 1}, {"a": 30, "b": 20, "c": 10})
+    tau, same = ranking({"a": 3, "b": 2, "c": 1}, {"a": 30, "b": 20, "c": 10})
     assert tau == pytest.approx(1.0) and same
-    tau, same = pdl.ranking({"a": 1, "b": 2, "c": 3}, {"a": 30, "b": 20, "c": 10})
+    tau, same = ranking({"a": 1, "b": 2, "c": 3}, {"a": 30, "b": 20, "c": 10})
     assert tau == pytest.approx(-1.0) and not same
-    tau, same = pdl.ranking({"a": 1}, {"a": 30, "b": 20})
+    tau, same = ranking({"a": 1}, {"a": 30, "b": 20})
     assert math.isnan(tau) and not same
 
 
 def test_parse_value():
-    assert pdl.parse_value("+ 16.00") == 16.0
-    assert pdl.parse_value("13.0%") == 13.0
-    assert pdl.parse_value("-3.07") == -3.07
-    assert math.isnan(pdl.parse_value("-"))
+    assert parse_value("+ 16.00") == 16.0
+    assert parse_value("13.0%") == 13.0
+    assert parse_value("-3.07") == -3.07
+    assert math.isnan(parse_value("-"))
 
 
 # ----------------------------------------------------------------------------- published CSVs
@@ -126,7 +131,7 @@ def test_there_are_published_tables_for_every_paper():
 
 @pytest.mark.parametrize("path", all_csvs(), ids=lambda p: p.stem)
 def test_published_csv_is_valid(path):
-    df = pdl.load_published(path.stem, PUBLISHED)  # columns, numeric values
+    df = load_published(path.stem, PUBLISHED)  # columns, numeric values
     assert path.stem.startswith(df["paper"].iloc[0] + "_") and df["paper"].nunique() == 1
     key = ["paper", "table", "scenario", "method", "participant", "metric"]
     dup = df[df.duplicated(key, keep=False)]
@@ -138,7 +143,7 @@ def test_published_csv_is_valid(path):
     for scen, g in df.groupby("scenario"):
         if scen in SCENARIOS.names():
             spec = SCENARIOS.get(scen)
-            parts = set(spec.participants(spec.params())) | set(pdl.SPECIAL_PARTICIPANTS)
+            parts = set(spec.participants(spec.params())) | set(SPECIAL_PARTICIPANTS)
             assert set(g["participant"]) <= parts, (scen, set(g["participant"]) - parts)
     ok = df["metric"].str.fullmatch(r"(inter|intra)/top[15]|acc|wdp|cdp|global/top1|(rounds_to|reduction)/0\.\d+")
     assert ok.all(), set(df.loc[~ok, "metric"])
@@ -150,9 +155,9 @@ def test_published_csv_is_valid(path):
 
 @pytest.mark.parametrize("path", all_csvs(), ids=lambda p: p.stem)
 def test_printed_arithmetic_flags_match_a_recomputation(path):
-    df = pdl.load_published(path.stem, PUBLISHED)
-    expected = pdl.check_printed(df)
-    arithmetic = df["flag"].map(lambda f: f.split(" | ")[0] if f.startswith(pdl.ARITHMETIC_FLAGS) else "")
+    df = load_published(path.stem, PUBLISHED)
+    expected = check_printed(df)
+    arithmetic = df["flag"].map(lambda f: f.split(" | ")[0] if f.startswith(ARITHMETIC_FLAGS) else "")
     wrong = df[arithmetic != expected]
     assert wrong.empty, "\n".join(f"{r.method} {r.participant} {r.metric}: CSV {r.flag!r}, recomputed "
                                   f"{expected[i]!r}" for i, r in wrong.iterrows())
@@ -173,7 +178,7 @@ def test_check_printed_catches_bad_average_delta_and_reduction():
             ("u", "m", "w", "global", "reduction/0.9", "50.0")]
     df = pd.DataFrame([dict(paper="p", table=t, scenario=s, method=m, participant=p, metric=k, value=v, flag="",
                             note="") for t, s, m, p, k, v in rows])
-    flags = pdl.check_printed(df)
+    flags = check_printed(df)
     bad = {(df.at[i, "method"], df.at[i, "participant"], df.at[i, "metric"]) for i in flags.index[flags != ""]}
     assert bad == {("x", "avg", "inter/top1"), ("y", "delta_base", "inter/top1"), ("z", "global", "reduction/0.9")}
     assert "25.000" in flags[5] and "+10.00" in flags[10] and "25.0%" in flags[13]
@@ -181,10 +186,10 @@ def test_check_printed_catches_bad_average_delta_and_reduction():
 
 def test_load_published_fails_early_on_unknown_name(tmp_path):
     with pytest.raises(Exception, match="known: fccl_plus_fig9, fccl_plus_table10"):
-        pdl.load_published("fccl_9", PUBLISHED)
+        load_published("fccl_9", PUBLISHED)
     (tmp_path / "bad.csv").write_text("paper,table,value\nx,1,2\n")
     with pytest.raises(Exception, match="columns must be"):
-        pdl.load_published("bad", tmp_path)
+        load_published("bad", tmp_path)
 
 
 def test_every_grid_names_existing_published_tables_and_validates():
@@ -199,7 +204,7 @@ def test_every_grid_names_existing_published_tables_and_validates():
             continue  # claims.yaml, data params
         jsonschema.validate(cfg, schema)
         for e in (cfg.get("report") or {}).get("published", []):
-            assert pdl.PublishedSpec.parse(e).name in known, (path.name, e)
+            assert PublishedSpec.parse(e).name in known, (path.name, e)
             seen += 1
     assert seen >= 8
 
@@ -218,7 +223,7 @@ def runs(methods=("base", "fccl_plus"), seeds=(0, 1, 2), parts=("m0", "m20", "m4
 
 
 def test_ours_long_avg_and_fedh2l_metrics():
-    long = pdl.ours_long(runs(), last_k=2)
+    long = ours_long(runs(), last_k=2)
     one = long[(long["method"] == "base") & (long["seed"] == 1)]
     get = lambda p, k: one[(one["participant"] == p) & (one["metric"] == k)]["value"].item()
     # rounds 2, 3 -> r/20 mean 0.125; seed 1 -> +0.01; inter 0.335, intra 0.735
@@ -236,12 +241,12 @@ def test_engine_pooled_rows_taken_at_best_validation_round():
                              seed=0, round=r, participant=p, arch="lenet", domain="val", kind="val_acc", top1=val, top5=1))
             for kind, off in (("acc", 0.0), ("wdp", 0.1), ("cdp", -0.1)):
                 rows.append(dict(rows[-1], domain="pooled", kind=kind, top1=acc + off))
-    long = pdl.ours_long(pd.DataFrame(rows), last_k=2)
+    long = ours_long(pd.DataFrame(rows), last_k=2)
     got = long.set_index(["participant", "metric"])["value"]
     assert got[("m0", "acc")] == pytest.approx(70.0)  # round 2: the earliest of the two best validation ACCs
     assert got[("avg", "wdp")] == pytest.approx(80.0) and got[("m20", "cdp")] == pytest.approx(60.0)
     no_val = pd.DataFrame([r for r in rows if r["kind"] != "val_acc"])
-    got = pdl.ours_long(no_val, last_k=2).set_index(["participant", "metric"])["value"]
+    got = ours_long(no_val, last_k=2).set_index(["participant", "metric"])["value"]
     assert got[("m0", "acc")] == pytest.approx(77.5)  # no validation rows: mean of the last 2 evaluations
 
 
@@ -249,8 +254,8 @@ def test_global_rows_give_final_accuracy_and_rounds_to_target():
     rows = [dict(scenario="mnist_shards", public="none", method=m, base_method=m, structure="st", seed=s, round=r,
                  participant="server", arch="cnn", domain="test", kind="global", top1=min(0.99, 0.5 + r * step), top5=1.0)
             for m, step in (("fedavg", 0.04), ("fedmmd", 0.1)) for s in (0, 1) for r in range(11)]
-    long = pdl.ours_long(pd.DataFrame(rows), last_k=3, targets=["0.98", "0.79"])
-    agg = pdl.aggregate(long).set_index(["method", "metric"])
+    long = ours_long(pd.DataFrame(rows), last_k=3, targets=["0.98", "0.79"])
+    agg = aggregate(long).set_index(["method", "metric"])
     assert agg.loc[("fedmmd", "rounds_to/0.79"), "mean"] == 3  # 0.5 + 3 * 0.1 = 0.8 >= 0.79
     assert agg.loc[("fedavg", "rounds_to/0.79"), "mean"] == 8  # 0.5 + 8 * 0.04 = 0.82 (0.78 at round 7)
     assert agg.loc[("fedavg", "rounds_to/0.79"), "n"] == 2
@@ -261,26 +266,26 @@ def test_global_rows_give_final_accuracy_and_rounds_to_target():
 
 
 def test_compare_proxy_only_avg_and_summary_counts():
-    agg = pdl.aggregate(pdl.ours_long(runs(), last_k=2))
+    agg = aggregate(ours_long(runs(), last_k=2))
     pub = pd.DataFrame([dict(paper="fccl_plus", table="VIII", scenario="digits", method=m, participant=p,
                              metric="inter/top1", value=v, flag="", note="")
                         for m, p, v in (("base", "mnist", "10.0"), ("base", "avg", "34.5"), ("fccl_plus", "avg", "10.0"),
                                         ("fccl_plus", "delta_base", "+1"), ("fedmd", "avg", "30.0"))])
-    pub["value_num"] = pub["value"].map(pdl.parse_value)
+    pub["value_num"] = pub["value"].map(parse_value)
     pub["source"] = "x"
-    cells = pdl.compare(agg, pub, {"rotmnist": "digits"})
+    cells = compare(agg, pub, {"rotmnist": "digits"})
     assert list(cells["method"]) == ["base", "fccl_plus"]  # no mnist domain in rotmnist, no delta, no fedmd run
     assert cells["proxy"].all() and (cells["n"] == 3).all()
     base = cells.iloc[0]
     # inter of base, rounds 2-3: 0.325 + seed/100 -> seeds 0,1,2 = 32.5, 33.5, 34.5: mean 33.5, sd 1
     assert base["ours"] == pytest.approx(33.5) and base["ci"] == pytest.approx(4.303 / math.sqrt(3), abs=1e-3)
     assert (cells["verdict"] == "no verdict (proxy)").all()  # a stand-in on another schedule is not judged
-    s = pdl.summarize(cells).iloc[0]
+    s = summarize(cells).iloc[0]
     assert s["cells"] == 2 and s["agree"] == 0 and s["mean_abs_delta"] == pytest.approx((1.0 + 33.5) / 2)
     assert math.isnan(s["kendall_tau"]) and s["same_order"] is None  # no ranking verdict on proxies either
-    assert pdl.compare(agg, pub).empty  # without the mapping rotmnist is not digits
+    assert compare(agg, pub).empty  # without the mapping rotmnist is not digits
     same = pub.assign(scenario="rotmnist", participant=pub["participant"].replace({"mnist": "m0"}))
-    direct = pdl.compare(agg, same)
+    direct = compare(agg, same)
     assert list(direct["participant"]) == ["m0", "avg", "avg"] and not direct["proxy"].any()  # domains compare too
 
 
@@ -288,32 +293,32 @@ def test_compare_proxy_only_avg_and_summary_counts():
 
 
 def test_claims_file_parses_and_names_known_methods():
-    claims = pdl.load_claims(REPO / "params/papers/claims.yaml")
+    claims = load_claims(REPO / "params/papers/claims.yaml")
     assert len({c["id"] for c in claims}) == len(claims) >= 15
     methods = set(METHODS.names()) | variant_names() | PENDING_METHODS
     known = {p.stem for p in all_csvs()}
     for c in claims:
         for pair in c["compare"]:
-            assert len(pair) == 2 and {pdl._term(t)[0] for t in pair} <= methods, (c["id"], pair)
+            assert len(pair) == 2 and {_term(t)[0] for t in pair} <= methods, (c["id"], pair)
         assert set(c.get("published", [])) <= known, c["id"]
 
 
 def test_every_claim_with_a_table_is_evaluable_on_the_papers_numbers():
-    claims = pdl.load_claims(REPO / "params/papers/claims.yaml")
-    res = pdl.evaluate_claims(claims, None, pdl.all_published(PUBLISHED))
+    claims = load_claims(REPO / "params/papers/claims.yaml")
+    res = evaluate_claims(claims, None, all_published(PUBLISHED))
     with_tables = {c["id"] for c in claims if c.get("published")}
     assert with_tables <= set(res["id"])
     assert res["who"].str.startswith("paper (").all()
 
 
 def test_claim_held_not_held_and_lower_is_better():
-    agg = pdl.aggregate(pdl.ours_long(runs(methods=("base", "fccl_plus", "fedmd")), last_k=2))
+    agg = aggregate(ours_long(runs(methods=("base", "fccl_plus", "fedmd")), last_k=2))
     claims = [dict(id="up", paper="p", text="fccl_plus > base", metric="inter", compare=[["fccl_plus", "base"]]),
               dict(id="down", paper="p", text="base > fccl_plus", metric="inter", compare=[["base", "fccl_plus"]]),
               dict(id="lower", paper="p", text="base lower", metric="inter/top1", lower_is_better=True,
                    compare=[["base", "fccl_plus"], ["base", "nothere"]]),
               dict(id="absent", paper="p", text="-", metric="inter", compare=[["x", "y"]])]
-    res = pdl.evaluate_claims(claims, agg, {}).set_index("id")
+    res = evaluate_claims(claims, agg, {}).set_index("id")
     assert res.loc["up", "held"] and res.loc["up", "separated"]  # +10 points, CI half-width 2.5
     assert not res.loc["down", "held"]
     assert not res.loc["lower", "held"] and res.loc["lower", "pairs"] == "1/2"
@@ -395,7 +400,7 @@ def test_delta_text_names_the_best_validation_selection_only_when_it_was_used():
     pooled = [dict(base, domain="pooled", kind=k, top1=0.8) for k in ("acc", "wdp", "cdp")]
     val = [dict(base, domain="val", kind="val_acc", top1=0.8)]
     local = [dict(base, domain="d", kind=k, top1=0.8) for k in ("inter", "intra")]
-    assert "best validation" in pdl.value_source(pd.DataFrame(pooled + val), last_k=3)
+    assert "best validation" in value_source(pd.DataFrame(pooled + val), last_k=3)
     for rows in (pooled, local, local + val):  # no validation rows, or no pooled rows: the last rounds only
-        text = pdl.value_source(pd.DataFrame(rows), last_k=3)
+        text = value_source(pd.DataFrame(rows), last_k=3)
         assert text == "the mean of the last 3 rounds", rows

@@ -1,10 +1,10 @@
-"""Plugins from outside packages (entry points): the example method's loss and state, the
-registry's handling of good, broken and clashing plugins, and the example package installed
-by pip and run through Snakemake (kill -9, resume, report, MLflow)."""
+"""Plugins from outside packages (entry points): the registry's handling of good, broken and clashing plugins, and the example package installed
+by pip and run through Snakemake (kill -9, resume, report, MLflow). The example method's own
+tests (its loss, its rule, its state round trip) live beside it:
+examples/fedprox_adaptive/test_fedprox_adaptive.py, collected by `pytest` (pyproject testpaths)."""
 
 from __future__ import annotations
 
-import importlib
 import os
 import shutil
 import signal
@@ -13,86 +13,18 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
-import torch
 import yaml
 
 from conftest import REPO
-from helpers import pipeline_copy, tiny_federation
+from helpers import pipeline_copy
 
 from fedshift.errors import ConfigError
 from fedshift.registry import Registry
 
 EXAMPLE = REPO / "examples/fedprox_adaptive"
 BIN = Path(sys.executable).parent
-
-
-@pytest.fixture
-def plugin(monkeypatch):
-    """The example plugin's module, imported from its folder (the e2e test installs it with pip)."""
-    monkeypatch.syspath_prepend(str(EXAMPLE))
-    return importlib.import_module("fedprox_adaptive")
-
-
-# ------------------------------------------------------------------- the example method
-def test_prox_loss_matches_independent_formula(plugin):
-    g = torch.Generator().manual_seed(0)
-    logits, y = torch.randn(6, 5, generator=g), torch.tensor([0, 1, 2, 3, 4, 0])
-    params = [torch.randn(3, 4, generator=g), torch.randn(7, generator=g)]
-    anchor = [torch.randn(3, 4, generator=g), torch.randn(7, generator=g)]
-    mu = 0.3
-    z = logits.double().numpy()
-    ce = np.mean(np.log(np.exp(z).sum(1)) - z[np.arange(6), y.numpy()])
-    prox = sum(((p.double().numpy() - a.double().numpy()) ** 2).sum() for p, a in zip(params, anchor))
-    got = plugin.prox_loss(logits, y, params, anchor, mu)
-    assert got.item() == pytest.approx(ce + 0.5 * mu * prox, rel=1e-5)
-    assert plugin.prox_loss(logits, y, params, anchor, 0.0).item() == pytest.approx(ce, rel=1e-5)
-    w = [p.clone().requires_grad_() for p in params]  # gradient of the prox part: mu * (w - a)
-    plugin.prox_loss(logits, y, w, anchor, mu).backward()
-    assert torch.allclose(w[0].grad, mu * (params[0] - anchor[0]), atol=1e-5)
-    with pytest.raises(ValueError, match="2 parameters but 1 anchors"):
-        plugin.prox_loss(logits, y, params, anchor[:1], mu)
-
-
-def test_next_mu_rule(plugin):
-    nm = lambda mu, loss, prev, streak: plugin.next_mu(mu, loss, prev, streak, 0.1, 3, 1.0)  # noqa: E731
-    assert nm(0.5, 2.0, 1.0, 2) == pytest.approx((0.6, 0))  # loss rose: up one step, streak restarts
-    assert nm(0.5, 1.0, 2.0, 0) == (0.5, 1)  # first decrease: unchanged
-    assert nm(0.5, 1.0, 2.0, 2) == pytest.approx((0.4, 0))  # third decrease in a row: down one step
-    assert nm(1.0, 2.0, 1.0, 0) == (1.0, 0)  # clipped at mu_max
-    assert nm(0.05, 1.0, 2.0, 2) == (0.0, 0)  # clipped at 0
-    assert nm(1.0, 5.0, float("inf"), 0) == (1.0, 1)  # round 1: no previous loss
-
-
-def test_example_state_round_trip_and_resume(plugin, tiny_data):
-    def fresh():
-        fed = tiny_federation(tiny_data, ("lenet", "lenet"), public_aug="none", rounds=3)
-        m = plugin.FedProxAdaptive(plugin.FedProxAdaptiveParams(mu=0.5, step=0.2, patience=1))
-        m.setup(fed)
-        return fed, m
-
-    fed, m = fresh()
-    metrics = [m.run_round(fed, r) for r in (1, 2)]
-    assert metrics[0]["fedprox_adaptive/mu"] == 0.5 and metrics[1]["fedprox_adaptive/mu"] != 0.5
-    state = m.state_dict()
-    fed2, m2 = fresh()
-    m2.load_state_dict(torch.load(_roundtrip(state), weights_only=True))
-    assert m2.state_dict() == state
-    for c, c2 in zip(fed.clients, fed2.clients):  # the engine restores the weights; then round 3 agrees
-        c2.model.load_state_dict(c.model.state_dict())
-    fed2.set_rng_state(fed.rng_state())
-    assert m2.run_round(fed2, 3) == m.run_round(fed, 3)
-
-
-def _roundtrip(obj):
-    import io
-
-    buf = io.BytesIO()
-    torch.save(obj, buf)
-    buf.seek(0)
-    return buf
 
 
 # ------------------------------------------------------------------- the registry

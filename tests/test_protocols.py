@@ -16,7 +16,7 @@ from fedshift.experiments import load_experiments, snakemake_config
 from fedshift.methods import create_method
 from fedshift.methods.moon import MOONParams
 
-from helpers import copy_engine_state, tiny_federation
+from fedshift.testing import copy_engine_state, tiny_federation
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -241,3 +241,58 @@ def test_global_fedavg_still_samples():
     plan = load_experiments(_grid("fedavg", {"client_fraction": 0.5}, {"eval_models": "global"}),
                             ROOT / "params/data.yaml")
     assert len(plan.federate) == 1
+
+
+# ------------------------------------------------ protocol per family, not per name (issue 35)
+
+
+def _family_grid(methods, own=None, variants=None, overrides=None):
+    """The embedded default's scenario_overrides (the FCCL+ protocol on rotmnist, keyed by method name)
+    with a grid of ``methods`` on rotmnist; ``own``: a methods: block; ``overrides``: replaces the rows."""
+    exp = snakemake_config(ROOT / "params/experiments.yaml")
+    exp["methods"] = own or {}
+    exp["variants"] = variants or {}
+    if overrides is not None:
+        exp["scenario_overrides"]["rotmnist"]["methods"] = overrides
+    exp.pop("report", None)
+    exp["grid"] = [{"name": "g", "scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": methods,
+                    "structures": ["homo_lenet"], "seeds": [0]}]
+    return {j.method: c["method_params"] for j, c in load_experiments(exp, ROOT / "params/data.yaml").federate.items()}
+
+
+def test_the_scenario_protocol_reaches_family_methods_it_does_not_name():
+    """rotmnist's override names fedavg, fedprox, moon, fedproc and fedrs; FPL (a FedAvg-family method it does
+    not name) ran under McMahan's protocol beside them. Now it takes the family's; FedMMD is no member."""
+    rows = _family_grid(["fedavg", "fpl", "fedmmd"])
+    assert (rows["fedavg"]["eval_models"], rows["fedavg"]["weighting"]) == ("local", "uniform")
+    assert (rows["fpl"]["eval_models"], rows["fpl"]["weighting"]) == ("local", "uniform")
+    assert "eval_models" not in rows["fedmmd"] and rows["fedmmd"]["weighting"] == "samples"
+
+
+def test_a_plugin_of_the_family_takes_the_scenario_protocol(monkeypatch):
+    """The FedAvgM of docs/extending.md, registered as an entry point would register it."""
+    from fedshift.methods import METHODS
+    from test_method_contract import _doc_plugin
+
+    _, FedAvgM = _doc_plugin()
+    monkeypatch.setitem(METHODS._items, "fedavgm", FedAvgM)
+    rows = _family_grid(["fedavg", "fedavgm"])
+    assert rows["fedavgm"]["eval_models"] == rows["fedavg"]["eval_models"] == "local"
+    assert rows["fedavgm"]["weighting"] == rows["fedavg"]["weighting"] == "uniform"
+
+
+def test_a_method_s_own_protocol_keys_win_over_the_family_s():
+    rows = _family_grid(["fpl", "fpl_global"], own={"fpl": {"weighting": "samples"}},
+                        variants={"fpl_global": {"method": "fpl", "params": {"eval_models": "global"}}})
+    assert (rows["fpl"]["eval_models"], rows["fpl"]["weighting"]) == ("local", "samples")
+    assert (rows["fpl_global"]["eval_models"], rows["fpl_global"]["weighting"]) == ("global", "samples")
+
+
+def test_override_rows_that_disagree_on_the_protocol_are_refused_in_one_line():
+    rows = {"fedavg": {"eval_models": "local", "weighting": "uniform"}, "fedprox": {"eval_models": "global"}}
+    with pytest.raises(ConfigError) as err:
+        _family_grid(["fedavg", "fpl"], overrides=rows)
+    msg = str(err.value)
+    assert len(msg.splitlines()) == 1
+    assert msg.startswith("scenario_overrides.rotmnist.methods: fedavg.eval_models is 'local' but fedprox.eval_models "
+                          "is 'global'")

@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from fedshift.methods import create_method
 from fedshift.methods import prototypes as P
 
-from helpers import resumed_round_three, synthetic_federation, tiny_federation
+from fedshift.testing import resumed_round_three, synthetic_federation, tiny_federation
 
 DT = torch.float64
 
@@ -47,6 +47,60 @@ def test_proto_mse_loss_as_the_official_code_computes_it():
     t = torch.tensor(rep, requires_grad=True)
     P.proto_mse_loss(t, torch.tensor(y), torch.tensor(protos), torch.tensor(present)).backward()
     assert torch.all(t.grad[[2, 4]] == 0) and torch.all(t.grad[[0, 1, 3]] != 0)
+
+
+def test_proto_paper_loss_is_the_printed_distance_between_prototypes():
+    """reg_form: paper: sum over the batch's classes with a global prototype of ||mean of the batch's
+    reps of the class - global prototype||_2 (unsquared), checked with a float64 numpy loop and a hand value."""
+    r = np.random.default_rng(1)
+    rep, protos = r.normal(size=(7, 4)), r.normal(size=(5, 4))
+    y = np.array([0, 2, 3, 2, 1, 0, 0])
+    present = np.array([True, True, False, True, True])  # class 2 (two samples) has no global prototype
+    ref = 0.0
+    for c in range(5):
+        rows = [rep[i] for i in range(7) if y[i] == c]
+        if rows and present[c]:  # class 4: a global prototype, no sample in the batch: adds 0
+            ref += math.sqrt(sum((v - protos[c][k]) ** 2 for k, v in enumerate(np.mean(rows, axis=0))))
+    got = P.proto_paper_loss(torch.tensor(rep), torch.tensor(y), torch.tensor(protos), torch.tensor(present))
+    assert got.dtype == DT and got.item() == pytest.approx(ref, rel=1e-12)
+    # hand value: class 0 from samples (1, 2) and (3, 2) -> mean (2, 2), prototype (5, 6): ||(-3, -4)|| = 5;
+    # class 1 from (0, 1), prototype (0, 1): 0
+    hand = P.proto_paper_loss(torch.tensor([[1.0, 2.0], [3.0, 2.0], [0.0, 1.0]], dtype=DT), torch.tensor([0, 0, 1]),
+                              torch.tensor([[5.0, 6.0], [0.0, 1.0]], dtype=DT), torch.tensor([True, True]))
+    assert hand.item() == 5.0
+    # no class with a prototype in the batch: 0
+    none = P.proto_paper_loss(torch.tensor(rep[:1]), torch.tensor([2]), torch.tensor(protos), torch.tensor(present))
+    assert none.item() == 0.0
+    # gradients: only rows of classes with a prototype, finite where a class mean sits on its prototype
+    t = torch.tensor([[1.0, 2.0], [3.0, 2.0], [0.0, 1.0], [7.0, 7.0]], dtype=DT, requires_grad=True)
+    P.proto_paper_loss(t, torch.tensor([0, 0, 1, 2]), torch.tensor([[5.0, 6.0], [0.0, 1.0], [0.0, 0.0]], dtype=DT),
+                       torch.tensor([True, True, False])).backward()
+    g = t.grad.numpy()
+    # d/drow ||mean - p|| = (mean - p) / ||mean - p|| / n_class = (-0.6, -0.8) / 2
+    np.testing.assert_allclose(g[:2], [[-0.3, -0.4], [-0.3, -0.4]], rtol=1e-12)
+    assert np.all(np.isfinite(g)) and np.all(g[3] == 0)
+
+
+def test_reg_form_selects_the_regulariser(tiny_data):
+    """fedproto's reg_form: code (default) adds lamda * proto_mse_loss, paper lamda * proto_paper_loss."""
+    fed = tiny_federation(tiny_data, ("lenet", "lenet"))
+    x, y = fed.clients[0].data.get("private")
+    x, y = x[:8].float() / 255, y[:8]
+    losses = {}
+    for form in ("code", "paper"):
+        m = create_method("fedproto", {"reg_form": form, "lamda": 3.0})
+        m.setup(fed)
+        m.protos = torch.randn(10, m.dim, generator=torch.Generator().manual_seed(0))
+        m.present = torch.arange(10) % 2 == 0
+        with torch.no_grad():
+            got = m.local_loss(fed, fed.clients[0], x, y, 0)
+            h, logits = fed.clients[0].model.forward_with_features(x)
+        reg = (P.proto_paper_loss if form == "paper" else P.proto_mse_loss)(m.rep(h), y, m.protos, m.present)
+        assert reg.item() > 0
+        torch.testing.assert_close(got, F.cross_entropy(logits, y) + 3.0 * reg, rtol=0, atol=0)
+        losses[form] = got.item()
+    assert losses["code"] != losses["paper"]
+    assert create_method("fedproto").p.reg_form == "code"
 
 
 def test_pool_to_is_adaptive_average_pooling():
@@ -128,8 +182,9 @@ def _pool_loop(h, n):
     return torch.stack([h[:, math.floor(i * L / n):math.ceil((i + 1) * L / n)].mean(1) for i in range(n)], 1)
 
 
-def _ref_client(model, gen, x, y, glob, lamda, dim, epochs, batch, lr, collect):
-    """One client's local training as clientproto.py:19-63 / clienttgp.py:19-88 write it (plain SGD)."""
+def _ref_client(model, gen, x, y, glob, lamda, dim, epochs, batch, lr, collect, form="code"):
+    """One client's local training as clientproto.py:19-63 / clienttgp.py:19-88 write it (plain SGD);
+    ``form="paper"``: the regulariser as the FedProto paper prints it, sum_j ||C^(j) - glob_j||_2 on the batch."""
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     model.train()
     lists = defaultdict(list)
@@ -143,7 +198,12 @@ def _ref_client(model, gen, x, y, glob, lamda, dim, epochs, batch, lr, collect):
             h = model.features(xb)
             rep = _pool_loop(h, dim)
             loss = F.cross_entropy(model.classifier(h), yb)
-            if glob is not None:
+            if glob is not None and form == "paper":
+                for c in sorted(set(yb.tolist())):
+                    if c in glob:
+                        rows = [rep[i] for i in range(len(yb)) if yb[i] == c]
+                        loss = loss + lamda * torch.sqrt(((sum(rows) / len(rows) - glob[c]) ** 2).sum())
+            elif glob is not None:
                 proto_new = rep.detach().clone()
                 for i, c in enumerate(yb.tolist()):
                     if c in glob:
@@ -206,8 +266,9 @@ def float64_batches(monkeypatch):
 @pytest.mark.parametrize("name,params,sampled", [
     ("fedproto", {"lamda": 2.0, "proto_dim": 40}, 0),
     ("fedproto", {"lamda": 2.0, "local_protos": "eval"}, 2),
+    ("fedproto", {"lamda": 2.0, "proto_dim": 40, "reg_form": "paper"}, 0),
     ("fedtgp", {"lamda": 2.0, "proto_dim": 40, "server_epochs": 4, "server_batch": 4, "server_lr": 0.05}, 2),
-], ids=["fedproto-pooled", "fedproto-eval-sampled", "fedtgp-sampled"])
+], ids=["fedproto-pooled", "fedproto-eval-sampled", "fedproto-paper-form", "fedtgp-sampled"])
 def test_two_rounds_in_float64_equal_the_reimplementation(float64_batches, name, params, sampled):
     """Three clients (12-14 random images of 10 classes each), two local epochs of batch 5, plain SGD;
     rounds 1 (no global prototypes yet) and 2 (regularised). With ``sampled`` clients per round, only
@@ -232,7 +293,7 @@ def test_two_rounds_in_float64_equal_the_reimplementation(float64_batches, name,
         chosen = fed.sampled.get(r, range(3))
         assert len(chosen) == (sampled or 3)
         uploads = [_ref_client(models[i], gens[i], *fed.clients[i].data.get("private"), glob, p.lamda, dim, 2, 5,
-                               0.05, p.local_protos) for i in chosen]
+                               0.05, p.local_protos, getattr(p, "reg_form", "code")) for i in chosen]
         if name == "fedtgp":
             glob, margin = _ref_tgp_server(tgp, uploads, tgp_gen, 10, p.server_epochs, p.server_batch, p.server_lr,
                                            p.margin_threshold)
@@ -252,6 +313,82 @@ def test_two_rounds_in_float64_equal_the_reimplementation(float64_batches, name,
     if sampled:
         assert any(not any(c in u for u in uploads) for c in range(10))
         assert all(m.present.tolist()) == (name == "fedtgp")
+
+
+# ------------------------------------------------------------------ nearest-prototype scoring
+
+
+def _np_pool(h, n):
+    """numpy adaptive average pooling of rows from L to n entries (windows floor(iL/n) .. ceil((i+1)L/n))."""
+    L = h.shape[1]
+    return np.stack([h[:, math.floor(i * L / n):math.ceil((i + 1) * L / n)].mean(1) for i in range(n)], 1)
+
+
+@pytest.mark.parametrize("name", ["fedproto", "fedtgp"])
+def test_prototype_scoring_predicts_the_nearest_global_prototype(tiny_data, name):
+    """scoring: prototype (default, HtFLlib clientproto.py:70-100 / clienttgp.py:90-120): the evaluated
+    prediction of each test image is argmin_j mean_d (rep - g_j)^2 over the classes with a global prototype,
+    computed here in float64 numpy from the model's features; LeNet (84-d) beside SimpleCNN (512-d, pooled
+    to 84). scoring: head leaves the classifier's logits."""
+    from fedshift.data.loading import normalize
+    from fedshift.engine.evaluation import correct_topk
+
+    fed = tiny_federation(tiny_data, ("lenet", "simple_cnn"))
+    m = create_method(name)
+    m.setup(fed)
+    x, y = fed.clients[0].data.get("test")
+    x, y = x[:64], y[:64]
+    with torch.no_grad():
+        feats = [c.model.eval().features(normalize(x)).double().numpy() for c in fed.clients]
+    for c in fed.clients:
+        c.model.train()
+    # hand-set prototypes: the class means of LeNet's test reps for the classes 0..6, jittered; 7..9 absent
+    rep0 = feats[0]
+    g = np.random.default_rng(0)
+    protos = np.stack([rep0[y.numpy() == c].mean(0) if (y.numpy() == c).any() else np.zeros(84) for c in range(10)])
+    protos = protos + 0.01 * g.normal(size=protos.shape)
+    present = np.arange(10) < 7
+    m.protos, m.present = torch.tensor(protos, dtype=torch.float32), torch.tensor(present)
+    hits_head = None
+    for c, h in zip(fed.clients, feats):
+        rep = h if h.shape[1] == 84 else _np_pool(h, 84)
+        d = ((rep[:, None, :] - protos[None].astype(np.float32).astype(np.float64)) ** 2).mean(2)
+        d[:, ~present] = np.inf
+        want = d.argmin(1)
+        with torch.inference_mode():
+            out = c.model.eval()(normalize(x))
+        c.model.train()
+        assert out.shape == (len(y), 10) and torch.isinf(out[:, 7:]).all()
+        np.testing.assert_array_equal(out.argmax(1).numpy(), want)
+        np.testing.assert_allclose(out[:, :7].double().numpy(), -d[:, :7], rtol=1e-5)
+        hits = correct_topk(c.model, x, y, ks=(1,))[1]  # what the engine's evaluation reads
+        np.testing.assert_array_equal(hits.numpy(), want == y.numpy())
+        if c.arch == "lenet":
+            held = y.numpy() < 7  # the prototypes are the class means: a real classifier on their classes
+            assert (want == y.numpy())[held].mean() > 0.5 and not (want == y.numpy())[~held].any()
+        hits_head = hits
+    # training mode: the classifier's logits pass through (the loss is unchanged by the hook)
+    h, logits = fed.clients[1].model.forward_with_features(normalize(x))
+    torch.testing.assert_close(logits, fed.clients[1].model.head(h))
+    assert not torch.isinf(logits).any()
+    # scoring: head (a new method object on the same models) removes the hook: the classifier's logits again
+    head = create_method(name, {"scoring": "head"})
+    head.setup(fed)
+    head.protos, head.present = m.protos, m.present
+    c = fed.clients[1]
+    with torch.inference_mode():
+        c.model.eval()
+        torch.testing.assert_close(c.model(normalize(x)), c.model.head(c.model.features(normalize(x))))
+        assert not torch.isinf(c.model(normalize(x))).any()
+    c.model.train()
+    assert not torch.equal(correct_topk(c.model, x, y, ks=(1,))[1], hits_head)
+    # before any global prototype: the classifier's logits (HtFLlib reports 0 there)
+    fresh = create_method(name)
+    fresh.setup(fed)
+    with torch.inference_mode():
+        c.model.eval()
+        assert not torch.isinf(c.model(normalize(x))).any()
+    c.model.train()
 
 
 # ------------------------------------------------------------------ resume
@@ -277,6 +414,7 @@ def test_restored_from_state_dict_round_three_is_bit_identical(tiny_data, tmp_pa
 
     (fed, method), (fed2, method2) = resumed_round_three(build, tmp_path / "state.pt")
     assert torch.equal(method.protos, method2.protos) and torch.equal(method.present, method2.present)
+    assert fed.evaluate() == fed2.evaluate()  # nearest-prototype scores (the default) after the resume too
     if name == "fedtgp":
         assert all(torch.equal(a, b) for a, b in zip(method.tgp.state_dict().values(), method2.tgp.state_dict().values()))
     if engine:

@@ -446,7 +446,7 @@ def test_round_whose_sampled_clients_hold_no_data_warns(caplog):
     import logging
 
     from fedshift.engine.sampling import round_clients
-    from helpers import synthetic_federation
+    from fedshift.testing import synthetic_federation
 
     fed = synthetic_federation(3, clients_per_round=1)
     for c in fed.clients:

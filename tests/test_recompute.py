@@ -68,7 +68,7 @@ def test_recompute_is_inert_without_autograd_or_in_eval():
 
 
 def test_engine_recompute_reaches_the_participants(tiny_data):
-    from helpers import tiny_federation
+    from fedshift.testing import tiny_federation
 
     fed = tiny_federation(tiny_data, ("resnet10", "lenet"), seed=0, rounds=1, recompute=True)
     assert [c.model.recompute for c in fed.clients] == [True, True]
@@ -82,7 +82,7 @@ def test_recompute_auto_is_on_for_cpu_only(tiny_data):
     not on CUDA, where recomputing only adds kernels; true / false are taken as given."""
     from fedshift.config import resolve
     from fedshift.engine.config import EngineConfig, recompute_on
-    from helpers import tiny_federation
+    from fedshift.testing import tiny_federation
 
     assert resolve(EngineConfig, {}, "engine").recompute == "auto"
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)

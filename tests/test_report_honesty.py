@@ -19,7 +19,12 @@ import pytest
 import yaml
 
 from fedshift.report import paper_delta as pdl
+from fedshift.report.claims import MEANS_ONLY, NOT_MEANS_ONLY, claim_verdict, evaluate_claims, load_claims, table_margin
+from fedshift.report.ours import aggregate, ours_long
+from fedshift.report.published import COLUMNS, all_published, load_published, schedules
 from fedshift.report.report import make_report
+from fedshift.report.stats import mean_ci
+from fedshift.report.verdicts import compare, schedule_differs
 
 PARTS = {"m0": "lenet", "m20": "cnn4"}  # heterogeneous: two architectures
 # method -> per-seed AVG accuracy (percent); the number of values is n
@@ -54,7 +59,7 @@ def published_dir(tmp_path) -> Path:
     rows = [dict(paper="fccl_plus", table="XV", scenario=scen, method=m, participant="avg", metric="inter/top1",
                  value=f"{v:.2f}", flag="", note="")
             for scen in ("rotmnist", "digits") for m, v in PUBLISHED.items()]
-    pd.DataFrame(rows, columns=pdl.COLUMNS).to_csv(d / "fccl_plus_table15.csv", index=False)
+    pd.DataFrame(rows, columns=COLUMNS).to_csv(d / "fccl_plus_table15.csv", index=False)
     return d
 
 
@@ -123,9 +128,9 @@ def test_published_base_matched_with_base_pretrain_never_the_federated_base(sect
     extra = cells[cells["ours_method"] == "base"]
     assert len(extra) and extra["published"].isna().all() and extra["verdict"].str.startswith("extra").all()
     # and without base_pretrain the published BASE is the federated base (nothing else to match)
-    agg = pdl.aggregate(pdl.ours_long(runs(seeds={k: v for k, v in SEEDS.items() if k != "base_pretrain"})))
-    pub = pdl.load_published("fccl_plus_table15", cells.attrs.get("root") or _tmp_pub(agg))
-    only = pdl.compare(agg, pub[pub["scenario"] == "rotmnist"])
+    agg = aggregate(ours_long(runs(seeds={k: v for k, v in SEEDS.items() if k != "base_pretrain"})))
+    pub = load_published("fccl_plus_table15", cells.attrs.get("root") or _tmp_pub(agg))
+    only = compare(agg, pub[pub["scenario"] == "rotmnist"])
     assert (only.loc[only["method"] == "base", "ours_method"] == "base").all()
 
 
@@ -178,7 +183,7 @@ def test_one_cell_one_interval_in_every_section(tmp_path, monkeypatch):
     runs(seeds=seeds).to_csv(csv, index=False)
     make_report(csv, tmp_path / "rep", {"published": ["fccl_plus_table15"]}, tracking=False)
     md = (tmp_path / "rep/report.md").read_text()
-    m, h, _ = pdl.mean_ci(seeds["fedavg"])
+    m, h, _ = mean_ci(seeds["fedavg"])
     cell = f"{m:.2f} ± {h:.2f}"
     table = md[:md.index("## Paper delta")]
     delta = md[md.index("## Paper delta"):]
@@ -196,7 +201,7 @@ def test_never_reaching_seed_stays_in_rounds_mean_and_fails_the_claim():
         for r, a in enumerate(accs):
             rows.append(dict(scenario="mnist_shards", public="none", method=m, base_method=m, structure="st", seed=s,
                              round=r, participant="server", arch="cnn", domain="test", kind="global", top1=a, top5=1))
-    agg = pdl.aggregate(pdl.ours_long(pd.DataFrame(rows), last_k=2, targets=["0.9"])).set_index(["method", "metric"])
+    agg = aggregate(ours_long(pd.DataFrame(rows), last_k=2, targets=["0.9"])).set_index(["method", "metric"])
     mmd = agg.loc[("fedmmd", "rounds_to/0.9")]
     assert mmd["n"] == 2 and mmd["reached"] == 1 and mmd["mean"] == pytest.approx((1 + 3) / 2)  # 3 = last round + 1
     claims = [dict(id="slow", paper="p", text="slow fewer rounds", metric="rounds_to/0.9", lower_is_better=True,
@@ -205,7 +210,7 @@ def test_never_reaching_seed_stays_in_rounds_mean_and_fails_the_claim():
                    participant="global", compare=[["fedmmd", "fedavg"]]),
               dict(id="ratio_slow", paper="p", text="slow / FedAvg < 1", metric="rounds_to/*", kind="ratio",
                    participant="global", compare=[["slow", "fedavg"]])]
-    res = pdl.evaluate_claims(claims, agg.reset_index(), {}).set_index("id")
+    res = evaluate_claims(claims, agg.reset_index(), {}).set_index("id")
     assert res.loc["slow", "status"] == "NOT held"  # not skipped
     assert res.loc["ratio_slow", "status"] == "NOT held"
     # fedmmd ≥ 2.0 (a lower bound) against fedavg 2.0: cannot be fewer -> NOT held
@@ -249,8 +254,8 @@ def test_papers_own_rounds_claims_are_judged_on_the_printed_numbers():
     paper's own rounds (FedMMD § 4.2: 260 vs 326 rounds) is still evaluated, not taken as never reached."""
     from conftest import REPO
 
-    claims = [c for c in pdl.load_claims(REPO / "params/papers/claims.yaml") if c["id"] == "fedmmd_fewer_rounds"]
-    res = pdl.evaluate_claims(claims, None, pdl.all_published(REPO / "params/papers/published"))
+    claims = [c for c in load_claims(REPO / "params/papers/claims.yaml") if c["id"] == "fedmmd_fewer_rounds"]
+    res = evaluate_claims(claims, None, all_published(REPO / "params/papers/published"))
     assert len(res) and (res["status"] == "held").all()
     assert "(n=" not in " ".join(res["numbers"])
 
@@ -269,7 +274,7 @@ def _rounds_runs(curves, scenario="mnist_permuted"):
 def _fedfusion_claim():
     from conftest import REPO
 
-    return [c for c in pdl.load_claims(REPO / "params/papers/claims.yaml") if c["id"] == "fedfusion_fewer_rounds"]
+    return [c for c in load_claims(REPO / "params/papers/claims.yaml") if c["id"] == "fedfusion_fewer_rounds"]
 
 
 def test_rounds_claim_that_no_method_reaches_is_not_evaluable_never_not_held():
@@ -278,8 +283,8 @@ def test_rounds_claim_that_no_method_reaches_is_not_evaluable_never_not_held():
     flat = [0.5, 0.7, 0.8, 0.9, 0.93, 0.93, 0.94]
     curves = {(m, s): flat for m in ("fedavg", "fedfusion_single", "fedfusion_multi", "fedfusion_conv")
               for s in range(3)}
-    agg = pdl.aggregate(pdl.ours_long(_rounds_runs(curves), last_k=2, targets=["0.94", "0.95"]))
-    res = pdl.evaluate_claims(_fedfusion_claim(), agg, {})
+    agg = aggregate(ours_long(_rounds_runs(curves), last_k=2, targets=["0.94", "0.95"]))
+    res = evaluate_claims(_fedfusion_claim(), agg, {})
     assert len(res) == 1 and res["metric"].tolist() == ["rounds_to/0.95"]  # its own target only, not 0.94
     assert res["status"].iloc[0] == "not evaluable: fedavg, fedfusion_multi, fedfusion_single never reached 95 %"
     assert not res["verdict"].str.contains("NOT held").any()
@@ -294,28 +299,28 @@ def test_fedfusion_faster_on_every_seed_holds_its_claim_and_a_never_reaching_cha
     reach = {"fedavg": [8, 8, 9], "fedfusion_single": [4, 5, 5], "fedfusion_multi": [4, 4, 5],
              "fedfusion_conv": [1, 1, 2]}
     curves = {(m, s): _reach(k) for m, ks in reach.items() for s, k in enumerate(ks)}
-    agg = pdl.aggregate(pdl.ours_long(_rounds_runs(curves), last_k=2, targets=["0.95"]))
-    row = pdl.evaluate_claims(_fedfusion_claim(), agg, {}).iloc[0]
+    agg = aggregate(ours_long(_rounds_runs(curves), last_k=2, targets=["0.95"]))
+    row = evaluate_claims(_fedfusion_claim(), agg, {}).iloc[0]
     assert row["status"] == "held" and row["pairs"] == "5/5", row["numbers"]
-    assert pdl.claim_verdict(row) == "held (CI-separated)", row["numbers"]
+    assert claim_verdict(row) == "held (CI-separated)", row["numbers"]
     assert "fedfusion_conv / fedavg = 0.16" in row["numbers"]  # 1.33 / 8.33 rounds
 
     # the same challenger never reaching 95 % where FedAvg does: NOT held, its ratio a lower bound
     for s in range(3):
         curves[("fedfusion_conv", s)] = _reach(None)
-    agg = pdl.aggregate(pdl.ours_long(_rounds_runs(curves), last_k=2, targets=["0.95"]))
-    row = pdl.evaluate_claims(_fedfusion_claim(), agg, {}).iloc[0]
+    agg = aggregate(ours_long(_rounds_runs(curves), last_k=2, targets=["0.95"]))
+    row = evaluate_claims(_fedfusion_claim(), agg, {}).iloc[0]
     assert row["status"] == "NOT held"
     assert "fedfusion_conv ≥ 11.00 (reached 0/3)" in row["numbers"]
     assert "fedfusion_conv / fedavg = ≥ 1.32" in row["numbers"]  # ≥ 11 (censored at 10 + 1) / 8.33
-    assert pdl.claim_verdict(row) == "NOT held (CI-separated)"  # [11, ∞) against FedAvg's [6.9, 9.8]
+    assert claim_verdict(row) == "NOT held (CI-separated)"  # [11, ∞) against FedAvg's [6.9, 9.8]
 
     # every seed of every method at the same round: a zero-width interval carries no verdict either way
     flat = {(m, s): _reach(k) for m, k in (("fedavg", 8), ("fedfusion_single", 4), ("fedfusion_multi", 3),
                                             ("fedfusion_conv", 1)) for s in range(3)}
-    row = pdl.evaluate_claims(_fedfusion_claim(), pdl.aggregate(pdl.ours_long(_rounds_runs(flat), 2, ["0.95"])),
+    row = evaluate_claims(_fedfusion_claim(), aggregate(ours_long(_rounds_runs(flat), 2, ["0.95"])),
                               {}).iloc[0]
-    assert row["status"] == "held" and pdl.claim_verdict(row) == pdl.MEANS_ONLY
+    assert row["status"] == "held" and claim_verdict(row) == MEANS_ONLY
 
 
 def test_claim_on_another_scenario_or_its_proxy_target():
@@ -324,16 +329,16 @@ def test_claim_on_another_scenario_or_its_proxy_target():
     fast, slow = [0.5, 0.8, 0.85, 0.9, 0.95], [0.5, 0.6, 0.7, 0.8, 0.9]
     curves = {(m, s): (fast if m == "fedmmd" else slow) for m in ("fedavg", "fedmmd") for s in range(3)}
     runs = _rounds_runs(curves, scenario="cifar10_binary")
-    agg = pdl.aggregate(pdl.ours_long(runs, last_k=2, targets=["0.72", "0.9", "0.95"]))
-    assert pdl.evaluate_claims(_fedfusion_claim(), agg, {}).empty  # scoped to mnist_permuted
+    agg = aggregate(ours_long(runs, last_k=2, targets=["0.72", "0.9", "0.95"]))
+    assert evaluate_claims(_fedfusion_claim(), agg, {}).empty  # scoped to mnist_permuted
     claim = dict(id="r", paper="fedmmd_fedfusion", text="FedMMD fewer rounds", lower_is_better=True,
                  participant="global", ratio_vs="fedavg", compare=[["fedmmd", "fedavg"]],
                  metric={"cifar10_binary": "rounds_to/0.72", "mnist5k_shards": "rounds_to/0.9"})
-    res = pdl.evaluate_claims([claim], agg, {})
+    res = evaluate_claims([claim], agg, {})
     assert res["metric"].tolist() == ["rounds_to/0.72"]  # not every target the runs carry
-    proxy = pdl.aggregate(pdl.ours_long(_rounds_runs(curves, scenario="mnist5k_shards"), last_k=2,
+    proxy = aggregate(ours_long(_rounds_runs(curves, scenario="mnist5k_shards"), last_k=2,
                                         targets=["0.72", "0.9", "0.95"]))
-    res = pdl.evaluate_claims([claim], proxy, {}, scenario_map={"mnist5k_shards": "mnist_shards"}).iloc[0]
+    res = evaluate_claims([claim], proxy, {}, scenario_map={"mnist5k_shards": "mnist_shards"}).iloc[0]
     assert res["metric"] == "rounds_to/0.9" and res["proxy"] and res["status"] == "held"
     assert "fedmmd / fedavg = 0.75" in res["numbers"]  # 3 rounds / 4 rounds
 
@@ -347,29 +352,29 @@ def _alpha_runs(per_seed):
     # every seed gains ~1 point, seeds spread by 10: the per-side intervals overlap, the paired one is above 0
     ([51.0, 61.1, 70.9], "held (CI-separated)"),
     # the seeds disagree on the sign: the mean gains, the paired interval straddles 0
-    ([53.0, 58.0, 72.0], pdl.MEANS_ONLY),
+    ([53.0, 58.0, 72.0], MEANS_ONLY),
     # every seed loses: NOT held, and the paired interval lies below 0
     ([49.0, 59.0, 69.5], "NOT held (CI-separated)"),
     # the mean loses but the seeds disagree: NOT held by the means only, as "held" would be
-    ([48.0, 61.0, 69.0], pdl.NOT_MEANS_ONLY),
+    ([48.0, 61.0, 69.0], NOT_MEANS_ONLY),
 ])
 def test_paired_claim_is_judged_on_per_seed_differences(hi, verdict):
     """`paired: seeds` (claims.yaml: the alpha partitions share seeds and evaluation images): a gain that
     every seed shows is CI-separated although the per-side intervals overlap; mixed signs stay inconclusive."""
     lo = [50.0, 60.0, 70.0]
-    long = pdl.ours_long(_alpha_runs({"rotmnist_a05": lo, "rotmnist_a10": hi}), last_k=3, targets=[])
-    agg = pdl.aggregate(long)
+    long = ours_long(_alpha_runs({"rotmnist_a05": lo, "rotmnist_a10": hi}), last_k=3, targets=[])
+    agg = aggregate(long)
     claim = dict(id="alpha", paper="fedh2l", text="ACC grows with alpha", metric="inter", paired="seeds",
                  compare=[["fedh2l@rotmnist_a10", "fedh2l@rotmnist_a05"]])
-    unpaired = pdl.evaluate_claims([{k: v for k, v in claim.items() if k != "paired"}], agg, {}, per_seed=long)
-    res = pdl.evaluate_claims([claim], agg, {}, per_seed=long)
+    unpaired = evaluate_claims([{k: v for k, v in claim.items() if k != "paired"}], agg, {}, per_seed=long)
+    res = evaluate_claims([claim], agg, {}, per_seed=long)
     row = res[res["our_scenario"] == "rotmnist_a10"].iloc[0]
-    assert pdl.claim_verdict(row) == verdict, row["numbers"]
+    assert claim_verdict(row) == verdict, row["numbers"]
     assert "paired over seeds 0, 1, 2" in row["numbers"]
     d = [h - x for h, x in zip(hi, lo)]
     assert f"Δ = {sum(d) / 3:+.2f}" in row["numbers"]
     if verdict == "held (CI-separated)":  # unpaired, the same numbers could not order the two alphas
-        assert pdl.claim_verdict(unpaired[unpaired["our_scenario"] == "rotmnist_a10"].iloc[0]) == pdl.MEANS_ONLY
+        assert claim_verdict(unpaired[unpaired["our_scenario"] == "rotmnist_a10"].iloc[0]) == MEANS_ONLY
 
 
 def test_paired_must_be_seeds(tmp_path):
@@ -377,7 +382,7 @@ def test_paired_must_be_seeds(tmp_path):
     f.write_text(yaml.safe_dump({"claims": [dict(id="x", paper="p", text="t", metric="inter", paired="runs",
                                                  compare=[["a", "b"]])]}))
     with pytest.raises(Exception, match="paired 'runs' must be 'seeds'"):
-        pdl.load_claims(f)
+        load_claims(f)
 
 
 def test_published_methods_compare_our_reading_with_the_papers_row(tmp_path):
@@ -419,8 +424,8 @@ def test_every_claim_naming_a_dataset_is_scoped_to_it():
     from conftest import REPO
 
     words = ("MNIST", "CIFAR", "PACS", "Office", "Digits", "α")
-    published = {s for t in pdl.all_published(REPO / "params/papers/published").values() for s in t["scenario"]}
-    for c in pdl.load_claims(REPO / "params/papers/claims.yaml"):
+    published = {s for t in all_published(REPO / "params/papers/published").values() for s in t["scenario"]}
+    for c in load_claims(REPO / "params/papers/claims.yaml"):
         if any(w in c["text"] for w in words):
             assert c.get("scenarios"), c["id"]
         assert set(c.get("scenarios", [])) <= published, c["id"]
@@ -447,9 +452,9 @@ def test_margin_is_half_the_smallest_gap_a_claim_rests_on():
     """Issue 34 item 3: the margin of a table comes from the claims that read it, with its reason."""
     from conftest import REPO
 
-    claims = pdl.load_claims(REPO / "params/papers/claims.yaml")
-    t2 = pdl.load_published("fedh2l_table2", REPO / "params/papers/published")
-    m, why = pdl.table_margin("fedh2l_table2", t2, claims)
+    claims = load_claims(REPO / "params/papers/claims.yaml")
+    t2 = load_published("fedh2l_table2", REPO / "params/papers/published")
+    m, why = table_margin("fedh2l_table2", t2, claims)
     acc = t2[(t2["metric"] == "acc") & (t2["participant"] == "avg")].set_index(["scenario", "method"])["value_num"]
     gaps = [acc[(s, "fedh2l")] - acc[(s, o)] for s in ("rotmnist_a05", "rotmnist_a10", "rotmnist_a15")
             for o in ("agg", "ind", "fedmd") if (s, o) in acc.index]
@@ -458,14 +463,14 @@ def test_margin_is_half_the_smallest_gap_a_claim_rests_on():
     gaps += [acc[("rotmnist_a15", "fedh2l")] - acc[("rotmnist_a15", o)] for o in ("fedavg", "fedprox")
              if ("rotmnist_a15", o) in acc.index]
     assert m == round(min(g for g in gaps if g > 0) / 2, 2) and "half the smallest printed gap" in why
-    assert pdl.table_margin("x", t2, [], None)[1].startswith("±3, a convention")
-    assert pdl.table_margin("fedh2l_table2", t2, claims, 1.5) == (1.5, "±1.5, set by the grid (`report.margin`)")
+    assert table_margin("x", t2, [], None)[1].startswith("±3, a convention")
+    assert table_margin("fedh2l_table2", t2, claims, 1.5) == (1.5, "±1.5, set by the grid (`report.margin`)")
 
 
 def test_fedh2l_quick_schedule_is_noted_and_unstated_rows_are_not_checked():
     """fedh2l_table2_quick (500 of 10,000 rounds) gets the note and no verdict; the bandwidth-matched FedAvg
     rows (85 rounds, a schedule the paper does not print) do not trigger it (schedules.yaml rounds_by_method)."""
-    sched = pdl._schedules()
+    sched = schedules()
 
     def grid(fedh2l_rounds):
         rows = [dict(scenario="rotmnist_a15", public="none", structure="homo_lenet", method=m, base_method=m,
@@ -473,19 +478,19 @@ def test_fedh2l_quick_schedule_is_noted_and_unstated_rows_are_not_checked():
         return pd.DataFrame(rows)
 
     args = ("fedh2l_table2", "fedh2l", "rotmnist_a15", "none", "homo_lenet", sched)
-    assert pdl.schedule_differs(grid(500), *args) == "ours ran 500 of the paper's 10,000 rounds (fedh2l)"
-    assert pdl.schedule_differs(grid(10000), *args) == ""
+    assert schedule_differs(grid(500), *args) == "ours ran 500 of the paper's 10,000 rounds (fedh2l)"
+    assert schedule_differs(grid(10000), *args) == ""
 
 
 def test_not_held_without_an_interval_is_inconclusive():
     """Issue 39 item 2: "75.96 (n=1) > fedavg 77.28 (n=1): NO → NOT held" was a verdict from no interval.
     A losing side with n = 1 (here FedMD, 50.0, against FedProx's five seeds at 70.0) is NOT held by the
     means only; with n >= 3 on both sides and the intervals apart it is NOT held (CI-separated)."""
-    agg = pdl.aggregate(pdl.ours_long(runs(), last_k=3, targets=[]))
+    agg = aggregate(ours_long(runs(), last_k=3, targets=[]))
     claim = dict(id="x", paper="fccl_plus", text="FedMD beats FedProx", metric="inter",
                  compare=[["fedmd", "fedprox"]])
-    row = pdl.evaluate_claims([claim], agg, {}).iloc[0]
-    assert row["status"] == "NOT held" and pdl.claim_verdict(row) == pdl.NOT_MEANS_ONLY
+    row = evaluate_claims([claim], agg, {}).iloc[0]
+    assert row["status"] == "NOT held" and claim_verdict(row) == NOT_MEANS_ONLY
     claim["compare"] = [["fedavg", "fedprox"]]  # five seeds each, 50.0 vs 70.0, tight spreads
-    row = pdl.evaluate_claims([claim], agg, {}).iloc[0]
-    assert pdl.claim_verdict(row) == "NOT held (CI-separated)"
+    row = evaluate_claims([claim], agg, {}).iloc[0]
+    assert claim_verdict(row) == "NOT held (CI-separated)"

@@ -20,7 +20,7 @@ from fedshift import runner
 from fedshift.engine import checkpoint
 from fedshift.experiments import load_experiments
 
-from helpers import resumed_round_three, tiny_federation
+from fedshift.testing import resumed_round_three, tiny_federation
 
 DATA = {"scenarios": {"rotmnist": {}}, "public": {"photo_patches": {}}}
 ROUNDS = 6

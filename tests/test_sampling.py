@@ -15,10 +15,10 @@ from fedshift.engine.sampling import (GlobalEvaluator, check_engine, clients_per
                                       sample_indices)
 from fedshift.errors import ConfigError
 from fedshift.methods import create_method
-from fedshift.methods.fedavg import RunningAverage, weighted_average
+from fedshift.engine.averaging import RunningAverage, weighted_average
 from fedshift.models.base import FedModel
 
-from helpers import synthetic_federation
+from fedshift.testing import synthetic_federation
 
 torch.set_num_threads(1)
 

@@ -22,7 +22,7 @@ from fedshift.engine import checkpoint
 from fedshift.errors import ConfigError, NonFiniteError
 from fedshift.experiments import load_experiments
 
-from helpers import tiny_federation
+from fedshift.testing import tiny_federation
 
 DATA = {"scenarios": {"rotmnist": {}}, "public": {"photo_patches": {}}}
 
@@ -186,6 +186,8 @@ def test_a_hung_tracking_call_is_given_up_after_the_time_limit(monkeypatch, capl
     class Hung:
         def log_batch(self, *a, **k):
             time.sleep(30)
+
+    import mlflow.entities  # noqa: F401  (log_metrics imports it first: seconds on a loaded machine, not the call under test)
 
     monkeypatch.setenv("FEDSHIFT_MLFLOW_TIMEOUT", "0.3")
     t = MlflowTracker(Hung(), "run")

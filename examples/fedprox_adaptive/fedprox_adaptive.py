@@ -8,7 +8,8 @@ loss went up, lower it by a step when the loss went down several rounds in a row
 starting from 1 on heterogeneous (non-IID) data. That is this method:
 
 * :func:`prox_loss` - the batch loss, a pure function of logits, labels, parameters,
-  anchors and mu (unit-tested against an independent formula);
+  anchors and mu: cross-entropy plus fedshift's proximal term (``fedshift.losses.prox_term``,
+  the one FedProx uses), unit-tested against an independent formula;
 * :func:`next_mu` - the between-rounds rule, a pure function;
 * :class:`FedProxAdaptive` - FedAvg's round (fedshift's built-in ``fedavg``) with that
   loss; the loss it watches is the mean over participants of the round's local loss
@@ -25,10 +26,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Dict, Mapping, Sequence, Tuple
 
-import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from fedshift.losses import prox_term
 from fedshift.methods.base import ServerParams
 from fedshift.methods.fedavg import FedAvg
 
@@ -53,8 +54,7 @@ def prox_loss(logits: Tensor, y: Tensor, params: Sequence[Tensor], anchor: Seque
     """``CE(logits, y) + (mu / 2) * sum_k ||params_k - anchor_k||²`` (anchors are constants)."""
     if len(params) != len(anchor):
         raise ValueError(f"prox_loss: {len(params)} parameters but {len(anchor)} anchors")
-    prox = sum(((w - a.detach()).float().pow(2).sum() for w, a in zip(params, anchor)), logits.new_zeros((), dtype=torch.float32))
-    return F.cross_entropy(logits, y) + 0.5 * mu * prox
+    return F.cross_entropy(logits, y) + prox_term(params, [a.detach() for a in anchor], mu)
 
 
 def next_mu(mu: float, loss: float, prev_loss: float, streak: int, step: float, patience: int,

@@ -229,6 +229,32 @@ def _merge(*dicts: Optional[Mapping]) -> dict:
     return out
 
 
+def family_protocol(scenario: str, so_methods: Mapping[str, Any]) -> Dict[str, Any]:
+    """The protocol (``eval_models``, ``weighting``) a scenario's override rows give the server-averaging
+    family (issue 35): every key set by a family member's row under ``scenario_overrides.<scenario>.methods``.
+    Each method of the family (plugins included) takes these keys wherever its own settings
+    (``methods.<m>``, its own override row, its variant) leave them unset, so a FedAvg-family plugin runs
+    under the protocol of the FedAvg rows it is compared with. Two rows that disagree are refused."""
+    from .methods import METHODS
+    from .methods.base import PROTOCOL_KEYS, server_family
+
+    out: Dict[str, Any] = {}
+    named: Dict[str, str] = {}
+    for m, keys in (so_methods or {}).items():
+        if m not in METHODS or not server_family(METHODS.get(m)):
+            continue
+        for k in PROTOCOL_KEYS:
+            if k not in (keys or {}):
+                continue
+            if k in out and keys[k] != out[k]:
+                raise ConfigError(
+                    f"scenario_overrides.{scenario}.methods: {named[k]}.{k} is {out[k]!r} but {m}.{k} is {keys[k]!r}; "
+                    f"a scenario's server-averaging rows share one protocol (it reaches every method of the family): "
+                    f"set {k} alike, or per method under methods.<name> / variants")
+            out[k], named[k] = keys[k], named.get(k, m)
+    return out
+
+
 def _check_engine_for(method, eng, n_participants: int, where: str) -> None:
     """What a job asks of its method and scenario, checked in `fedshift validate` instead of at
     its first round: the method's declared capabilities (class attributes ``supports_sampling``,
@@ -250,7 +276,7 @@ def check_published(names) -> None:
     so a typo stops `fedshift validate` / planning rather than the report job at the end."""
     import difflib
 
-    from .report.paper_delta import published_dir
+    from .report.published import published_dir
 
     folder = published_dir()
     known = sorted(p.stem for p in folder.glob("*.csv"))
@@ -269,6 +295,7 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
     from .data import DATASETS, PUBLIC_SETS, SCENARIOS
     from .engine.config import EngineConfig, PretrainConfig
     from .methods import METHODS, resolve_method_params
+    from .methods.base import server_family
     from .models.structures import STRUCTURES
 
     exp = load_yaml(experiments) if not isinstance(experiments, Mapping) else dict(experiments)
@@ -350,11 +377,11 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                 raise ConfigError(f"{where}: method {m!r} averages parameters and needs a homogeneous structure, "
                                   f"but {st!r} assigns {archs}; use a homo_<model> structure")
             so = (exp.get("scenario_overrides") or {}).get(s, {})
-            mparams = resolve_method_params(
-                base_method,
-                _merge((exp.get("methods") or {}).get(base_method), (so.get("methods") or {}).get(base_method),
-                       variant.get("params")),
-                s, f"methods.{m}")
+            overrides = _merge((exp.get("methods") or {}).get(base_method), (so.get("methods") or {}).get(base_method),
+                               variant.get("params"))
+            if server_family(cls):  # the scenario's protocol reaches the family, not only the rows it names
+                overrides = {**family_protocol(s, so.get("methods") or {}), **overrides}
+            mparams = resolve_method_params(base_method, overrides, s, f"methods.{m}")
             uses_public = cls(mparams).uses_public  # a method's params may switch the public set off (FedMD seed)
             if uses_public and pub == "none":
                 raise ConfigError(f"{where}: method {m!r} needs an unlabeled public set: add `public:` to the block")

@@ -26,6 +26,7 @@ from .errors import ConfigError
 Params = Union[Sequence[Tensor], Mapping[str, Tensor], Iterable[Tensor]]
 
 __all__ = [
+    "cross_entropy",
     "cross_correlation",
     "fccm_loss",
     "instance_similarity",
@@ -42,7 +43,6 @@ __all__ = [
     "diagonal_fisher",
     "prox_term",
     "moon_contrastive_loss",
-    "restricted_softmax_ce",
     "fedproc_alpha",
     "class_prototypes",
     "prototype_contrastive_loss",
@@ -100,6 +100,16 @@ def _aligned(*groups: Params) -> List[Tuple[Tensor, ...]]:
             name = keys[i] if keys else str(i)
             raise ValueError(f"parameter {name}: shapes differ: {[tuple(t.shape) for t in row]}")
     return rows
+
+
+def cross_entropy(logits: Tensor, labels: Tensor, mask: Optional[Tensor] = None) -> Tensor:
+    """Batch-mean cross-entropy; with ``mask`` ((B,), 1 for a real sample, 0 for padding: the padded
+    batches of engine.fused_clients) the mean over the real samples (0 when there is none)."""
+    if mask is None:
+        return F.cross_entropy(logits, labels)
+    per = F.cross_entropy(logits, labels, reduction="none")
+    w = mask.to(per.dtype)
+    return (per * w).sum() / w.sum().clamp(min=1)
 
 
 # ------------------------------------------------------------------ FCCL / FCCL+: collaborative
@@ -375,18 +385,6 @@ def moon_contrastive_loss(z: Tensor, z_global: Tensor, z_prev: Tensor, tau: floa
     return F.cross_entropy(logits, torch.zeros(z.shape[0], dtype=torch.long, device=z.device))
 
 
-def restricted_softmax_ce(logits: Tensor, labels: Tensor, present_mask: Tensor, alpha: float) -> Tensor:
-    """FedRS restricted-softmax cross-entropy (Li & Zhan 2021).
-
-    Logits of classes absent from the participant's data (``present_mask`` False; a
-    (C,) or (B, C) bool tensor) are multiplied by ``alpha`` (0.5 in FCCL+ Tab. VII),
-    present ones kept, then the usual cross-entropy, batch mean.
-    """
-    one = torch.ones((), dtype=logits.dtype, device=logits.device)
-    scale = torch.where(present_mask.to(torch.bool), one, one * alpha)
-    return F.cross_entropy(logits * scale, labels)
-
-
 RESTRICTIONS = ("count", "missing")
 
 
@@ -418,7 +416,7 @@ def restricted_logits(logits: Tensor, scales: Tensor, bias: Optional[Tensor] = N
 
 # ------------------------------------------------- counterparts of FCCL+ Tables VIII/IX/XV (issue 11)
 # FedProx, MOON, FedRS and RHFL's symmetric CE are above (prox_term, moon_contrastive_loss,
-# restricted_softmax_ce, symmetric_ce_loss). Below: FedProc, FML, FedMatch, RHFL's
+# fedrs_class_scales / restricted_logits, symmetric_ce_loss). Below: FedProc, FML, FedMatch, RHFL's
 # collaborative step and RCFL.
 
 
@@ -679,7 +677,7 @@ MMD_BANDWIDTH_MULTIPLIERS: Tuple[float, ...] = (0.25, 0.5, 1.0, 2.0, 4.0)
 
 
 def mmd2_rbf(x: Tensor, y: Tensor, multipliers: Sequence[float] = MMD_BANDWIDTH_MULTIPLIERS,
-             min_scale: float = 0.0) -> Tensor:
+             min_scale: float = 0.0, mask: Optional[Tensor] = None) -> Tensor:
     """FedMMD Eq. 2: MMD^2(x, y) = E[K(x, x')] + E[K(y, y')] - 2 E[K(x, y)] (biased V-statistic).
 
     ``x``: (n, d), ``y``: (m, d) samples (FedMMD: the global and local models' outputs on one
@@ -687,7 +685,13 @@ def mmd2_rbf(x: Tensor, y: Tensor, multipliers: Sequence[float] = MMD_BANDWIDTH_
     the mean squared distance between distinct pooled samples, detached (the widths follow the
     data but carry no gradient), floored at ``min_scale``; every expectation is the plain mean
     over all pairs, diagonal included. Zero when x and y are the same samples.
+
+    ``mask`` (n = m rows, 0/1 per row; engine.fused_clients' padded batches): the same over the
+    rows with weight 1, i.e. ``mmd2_rbf(x[mask == 1], y[mask == 1])``, written with masks so it
+    runs under ``vmap``, where boolean indexing cannot.
     """
+    if mask is not None:
+        return _masked_mmd2_rbf(x, y, mask, multipliers, min_scale)
     z = torch.cat([x, y], 0)
     sq = z.pow(2).sum(1)
     d2 = (sq[:, None] + sq[None, :] - 2 * z @ z.T).clamp_min(0)  # no sqrt: smooth gradient at distance 0
@@ -698,9 +702,29 @@ def mmd2_rbf(x: Tensor, y: Tensor, multipliers: Sequence[float] = MMD_BANDWIDTH_
     return k[:nx, :nx].mean() + k[nx:, nx:].mean() - 2 * k[:nx, nx:].mean()
 
 
-def two_stream_l2(x: Tensor, y: Tensor) -> Tensor:
+def _masked_mmd2_rbf(x: Tensor, y: Tensor, w: Tensor, multipliers: Sequence[float], min_scale: float) -> Tensor:
+    """:func:`mmd2_rbf` over the rows with weight 1: the width is the mean squared distance over
+    distinct real pairs, every expectation a mean over real pairs."""
+    z = torch.cat([x, y], 0)
+    wz = torch.cat([w, w], 0)
+    sq = z.pow(2).sum(1)
+    d2 = (sq[:, None] + sq[None, :] - 2 * z @ z.T).clamp_min(0)
+    pair = wz[:, None] * wz[None, :]
+    n = wz.sum()
+    scale = ((d2.detach() * pair).sum() / (n * n - n).clamp(min=1)).clamp_min(
+        max(min_scale, torch.finfo(z.dtype).tiny))
+    k = sum(torch.exp(-d2 / (scale * m)) for m in multipliers) * pair
+    nx = x.shape[0]
+    nr2 = w.sum().pow(2).clamp(min=1)
+    return (k[:nx, :nx].sum() + k[nx:, nx:].sum() - 2 * k[:nx, nx:].sum()) / nr2
+
+
+def two_stream_l2(x: Tensor, y: Tensor, mask: Optional[Tensor] = None) -> Tensor:
     """FedMMD Figure 4's "two-stream model constrained by L2 norm" (never written out in the paper):
-    the batch mean of the squared Euclidean distance between paired outputs, mean_i ||x_i - y_i||^2."""
+    the batch mean of the squared Euclidean distance between paired outputs, mean_i ||x_i - y_i||^2
+    (``mask``, 0/1 per row: the mean over the rows with weight 1)."""
+    if mask is not None:
+        return ((x - y).pow(2).sum(1) * mask).sum() / mask.sum().clamp(min=1)
     return (x - y).pow(2).sum(1).mean()
 
 

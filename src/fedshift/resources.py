@@ -1,4 +1,4 @@
-"""The memory a job needs, from a model of the job: what SLURM is asked for (``mem_mb``).
+"""The resources a job needs, from a model of the job: what SLURM is asked for (``mem_mb``, ``runtime``).
 
 A training job's peak resident memory on the CPU is, in MB (issue 22 point 2)::
 
@@ -58,15 +58,29 @@ On a GPU (``gpus_per_job: 1``) weights, activations and the data live in device 
 host holds the CUDA libraries and the data while it is loaded: ``CUDA_BASE_MB`` + data. That
 figure is not measured on this project's CPU machines (no GPU): it is the CUDA runtime's
 usual host footprint with a margin, and the SLURM retry doubles it if a cluster disagrees.
+
+Run time (``runtime``, minutes; :func:`slurm_runtime`): rounds x epochs x participants at the demo's
+measured cost on one CPU thread (``EPOCH_MINUTES`` per participant-epoch at 28x28, scaled by pixels,
+colour counted at a third), divided by the square root of the job's threads; the stepwise methods
+(FedH2L / AGG / IND, :class:`~fedshift.methods.stepwise.StepwiseMethod`) cost ``STEP_MINUTES`` per round
+of four models (a round is one minibatch step per node, not an epoch). The request is twice the
+estimate, at least ``MIN_RUNTIME_MINUTES``, doubled on each retry. On a GPU the real time is far
+below: override with ``--set-resources federate:runtime=60`` where a cluster's queues favour short
+requests.
 """
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import sys
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Dict, Iterable, Mapping, Optional, Sequence, Tuple
+
+from .errors import ConfigError
 
 BASE_MB = 1000.0  # peak RSS of the smallest real jobs, LeNet, MLflow on: 1,001-1,009 MB (benchmarks/results/memory_model.md)
 ACT_FACTOR = 1.3  # RSS of the largest training phase / its kept activations' bytes (upper envelope, measured jobs)
@@ -117,8 +131,6 @@ class MemoryEstimate:
 
 
 def _warn(msg: str) -> None:
-    import sys
-
     print(f"fedshift: warning: {msg}", file=sys.stderr)
 
 
@@ -262,8 +274,6 @@ def _recompute(section: Mapping, device: str) -> bool:
 def _manifest_sizes(folder: Path) -> Tuple[int, int, int]:
     """(largest participant's private samples, pooled test samples, public samples) read off a
     built partition or public-set ``manifest.json``; 0 where unknown (not built yet)."""
-    import json
-
     try:
         m = json.loads((folder / "manifest.json").read_text())
     except (OSError, ValueError):
@@ -327,10 +337,6 @@ def job_estimate(cfg: Mapping, gpus: int = 0, root: Path = Path(".")) -> MemoryE
 
 def max_request_mb() -> int:
     """The ceiling of a request: ``FEDSHIFT_MAX_MEM_MB`` or ``MAX_REQUEST_MB``."""
-    import os
-
-    from .errors import ConfigError
-
     text = os.environ.get("FEDSHIFT_MAX_MEM_MB", "")
     if not text:
         return MAX_REQUEST_MB
@@ -356,3 +362,52 @@ def slurm_mem_mb(cfg: Mapping, attempt: int = 1, gpus: int = 0) -> int:
         _warn(f"{name}: memory request {mb} MB (estimated peak {est.describe()}) capped at {ceiling} MB "
               "(FEDSHIFT_MAX_MEM_MB; per rule: --set-resources federate:mem_mb=N)")
     return ceiling
+
+
+# ----------------------------------------------------------------------------- run time
+
+EPOCH_MINUTES = 4 / 60  # one participant-epoch at 28x28 on one CPU thread, measured on the demo
+# One round of the stepwise methods (four LeNets at 28x28, one step each + FedH2L's mutual step) on one
+# CPU thread, evaluation included: a FedH2L Table II run of 10,000 rounds takes 635 CPU-s, 17-20 min of
+# wall time on a loaded machine (docs/fedh2l.md); AGG/IND 192-203 CPU-s. Counting its rounds as epochs
+# asked SLURM for 7.4 days per FedH2L job.
+STEP_MINUTES = 0.12 / 60
+MIN_RUNTIME_MINUTES = 15  # the smallest request: start-up, data loading and writing outputs included
+
+
+def pixel_scale(scenario: str) -> float:
+    """A scenario's cost per epoch relative to 28x28 grey images (at least 1; colour channels cost less
+    than pixels: a third each)."""
+    from .data import SCENARIOS
+
+    c, h, w = SCENARIOS.get(scenario).image_shape
+    return max(1.0, c * h * w / (1 * 28 * 28) / 3)
+
+
+def is_stepwise(method: str) -> bool:
+    """Whether a round of ``method`` is one minibatch step per node (FedH2L, AGG, IND), not local epochs."""
+    from .methods import METHODS
+    from .methods.stepwise import StepwiseMethod
+
+    cls = METHODS.get(method, key="method")
+    return isinstance(cls, type) and issubclass(cls, StepwiseMethod)
+
+
+def runtime_minutes(cfg: Mapping, threads: int) -> float:
+    """Estimated minutes of one resolved job config on ``threads`` CPU threads: a ``pretrain`` job's
+    epochs, or a federated job's (federate, tune candidate) rounds x (local + public epochs) x
+    participants, each round priced per step for a stepwise method."""
+    if cfg.get("kind") == "pretrain":
+        return cfg["pretrain"]["epochs"] * EPOCH_MINUTES * pixel_scale(cfg["scenario"]) / threads ** 0.5
+    e = cfg["engine"]
+    scale = len(cfg["archs"]) * pixel_scale(cfg["scenario"]) / threads ** 0.5
+    if is_stepwise(cfg.get("base_method", cfg.get("method"))):  # a round is one minibatch step per node
+        return e["rounds"] * STEP_MINUTES / 4 * scale
+    return e["rounds"] * (e["local_epochs"] + e.get("public_epochs", 1)) * EPOCH_MINUTES * scale
+
+
+def slurm_runtime(cfg: Mapping, attempt: int = 1, threads: int = 1) -> int:
+    """What the workflow asks SLURM for (``runtime``, minutes): twice :func:`runtime_minutes`, at least
+    ``MIN_RUNTIME_MINUTES``, doubled per retry."""
+    est = runtime_minutes(cfg, threads)
+    return int(max(MIN_RUNTIME_MINUTES, math.ceil(2 * est)) * 2 ** (attempt - 1))

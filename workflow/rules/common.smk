@@ -176,14 +176,15 @@ onstart:
 #   estimate + the Snakemake process inside the allocation (WRAPPER_MB: 900 MB; 0.6-0.8 GB measured in sacct's MaxRSS),
 #   >= 1.25x the measured peaks, doubled on each retry (`retries` in the SLURM
 #   profile). On a GPU (gpus_per_job: 1) the host holds the CUDA runtime and the data only.
-# * runtime (minutes): from rounds x epochs x participants at the demo's measured cost on
-#   one CPU thread (~4 s per participant-epoch at 28x28, scaled by pixels; the stepwise
-#   methods FedH2L/AGG/IND: ~0.12 s per round of four LeNets, one step each), at least 15,
-#   doubled on each retry. On a GPU the real time is far below: override with
-#   `--set-resources federate:runtime=60` when a cluster's queues favour short requests.
+# * runtime (minutes): fedshift.resources' run-time model (slurm_runtime): rounds x epochs x
+#   participants at the demo's measured cost on one CPU thread (~4 s per participant-epoch at
+#   28x28, scaled by pixels; the stepwise methods FedH2L/AGG/IND: ~0.12 s per round of four
+#   LeNets, one step each), at least 15, doubled on each retry. On a GPU the real time is far
+#   below: override with `--set-resources federate:runtime=60` when a cluster's queues favour
+#   short requests.
 # Override any of them without editing rules: `--set-resources federate:mem_mb=64000`.
 # ---------------------------------------------------------------------------------------
-import math
+from fedshift.resources import slurm_mem_mb, slurm_runtime
 
 GPUS_PER_JOB = int(config.get("gpus_per_job", 0))
 if GPUS_PER_JOB not in (0, 1):
@@ -191,19 +192,6 @@ if GPUS_PER_JOB not in (0, 1):
                         "use 0 (CPU) or 1 (one GPU per job); pack several jobs per GPU as described in "
                         "workflow/profiles/README.md")
 THREADS_PER_JOB = int(config.get("threads_per_job", 2))
-EPOCH_MINUTES = 4 / 60  # one participant-epoch at 28x28 on one CPU thread, measured on the demo
-# One round of the stepwise methods (four LeNets at 28x28, one step each + FedH2L's mutual step) on one
-# CPU thread, evaluation included: a FedH2L Table II run of 10,000 rounds takes 635 CPU-s, 17-20 min of
-# wall time on a loaded machine (docs/fedh2l.md); AGG/IND 192-203 CPU-s. Counting its rounds as epochs
-# asked SLURM for 7.4 days per FedH2L job.
-STEP_MINUTES = 0.12 / 60
-
-
-def _pixel_scale(scenario):
-    from fedshift.data import SCENARIOS
-
-    c, h, w = SCENARIOS.get(scenario).image_shape
-    return max(1.0, c * h * w / (1 * 28 * 28) / 3)  # colour channels cost less than pixels
 
 
 def federate_cfg(wc):
@@ -215,28 +203,11 @@ def federate_threads(wc):
 
 
 def federate_mem_mb(wc, attempt):
-    from fedshift.resources import slurm_mem_mb
-
     return slurm_mem_mb(federate_cfg(wc), attempt, gpus=GPUS_PER_JOB)
 
 
-def _stepwise(method):
-    from fedshift.methods import METHODS
-    from fedshift.methods.stepwise import StepwiseMethod
-
-    cls = METHODS.get(method, key="method")
-    return isinstance(cls, type) and issubclass(cls, StepwiseMethod)
-
-
 def federate_runtime(wc, attempt):
-    cfg = federate_cfg(wc)
-    e = cfg["engine"]
-    scale = len(cfg["archs"]) * _pixel_scale(wc.scenario) / federate_threads(wc) ** 0.5
-    if _stepwise(cfg["base_method"]):  # FedH2L / AGG / IND: a round is one minibatch step per node
-        est = e["rounds"] * STEP_MINUTES / 4 * scale
-    else:
-        est = e["rounds"] * (e["local_epochs"] + e.get("public_epochs", 1)) * EPOCH_MINUTES * scale
-    return int(max(15, math.ceil(2 * est)) * 2 ** (attempt - 1))
+    return slurm_runtime(federate_cfg(wc), attempt, threads=federate_threads(wc))
 
 
 def pretrain_cfg(wc):
@@ -257,15 +228,11 @@ def pretrain_threads(wc):
 
 
 def pretrain_mem_mb(wc, attempt):
-    from fedshift.resources import slurm_mem_mb
-
     return slurm_mem_mb(pretrain_cfg(wc), attempt, gpus=GPUS_PER_JOB)
 
 
 def pretrain_runtime(wc, attempt):
-    p = pretrain_cfg(wc)["pretrain"]
-    est = p["epochs"] * EPOCH_MINUTES * _pixel_scale(wc.scenario) / pretrain_threads(wc) ** 0.5
-    return int(max(15, math.ceil(2 * est)) * 2 ** (attempt - 1))
+    return slurm_runtime(pretrain_cfg(wc), attempt, threads=pretrain_threads(wc))
 
 
 def report_labels(wc):
@@ -309,17 +276,11 @@ def tune_threads(wc):
 
 
 def tune_mem_mb(wc, attempt):
-    from fedshift.resources import slurm_mem_mb
-
     return slurm_mem_mb(tune_cfg(wc), attempt, gpus=GPUS_PER_JOB)
 
 
 def tune_runtime(wc, attempt):
-    cfg = tune_cfg(wc)
-    e = cfg["engine"]
-    scale = len(cfg["archs"]) * _pixel_scale(wc.scenario) / tune_threads(wc) ** 0.5
-    per_round = STEP_MINUTES / 4 if _stepwise(cfg["base_method"]) else (e["local_epochs"] + e.get("public_epochs", 1)) * EPOCH_MINUTES
-    return int(max(15, math.ceil(2 * e["rounds"] * per_round * scale)) * 2 ** (attempt - 1))
+    return slurm_runtime(tune_cfg(wc), attempt, threads=tune_threads(wc))
 
 
 def tune_group_metrics(wc):

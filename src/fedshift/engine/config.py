@@ -38,7 +38,15 @@ class EngineConfig:
     eval_every: int = 1  # evaluate every k rounds (the last round always)
     eval_round0: bool = True  # also evaluate the starting models (round 0 of rounds.csv); the authors' code does not
     eval_batch: int = 256  # inference batch (evaluation, figure data): fastest on CPU (benchmarks/bench_vs_reference.py)
-    bf16: bool = False  # bf16 autocast in evaluation; needs hardware bf16 (AVX-512 BF16, AMX or CUDA), refused otherwise
+    # bf16 autocast in evaluation: true needs hardware bf16 (AVX-512 BF16, AMX or CUDA), refused otherwise; auto = on
+    # for the avx512_bf16 CPU kind only (engine/cpu.py; 2.2x per evaluation on an AMX Xeon, accuracy -0.04 +- 0.10
+    # points, benchmarks/bf16_accuracy.py), off elsewhere; false = float32 on every kind
+    bf16: Union[bool, Literal["auto"]] = "auto"
+    # Inference levers (engine/evaluation.py; auto = the value measured for this CPU kind, EVAL_DEFAULTS,
+    # benchmarks/bench_eval.py): BatchNorm folded into the conv of an inference copy; the input batch in the
+    # weights' layout (NHWC under channels_last)
+    eval_fold_bn: Union[bool, Literal["auto"]] = "auto"
+    eval_channels_last: Union[bool, Literal["auto"]] = "auto"
     # glibc: keep freed blocks up to this many MB in the heap for reuse instead of unmapping them and faulting
     # fresh pages in on the next step (engine/cpu.py). true = 1024 (every activation buffer: fastest, ~1 GB
     # more peak RSS); false = glibc's own threshold (most page faults, least memory). 64: the FCCL+ Digits
@@ -102,6 +110,9 @@ class EngineConfig:
                 object.__setattr__(self, key, on if getattr(self, key) else "off")
             if getattr(self, key) not in allowed:
                 raise ValueError(f"{key} must be one of {allowed}, got {getattr(self, key)!r}")
+        for key in ("eval_fold_bn", "eval_channels_last", "bf16"):
+            if getattr(self, key) not in (True, False, "auto"):
+                raise ValueError(f"{key} must be true, false or auto, got {getattr(self, key)!r}")
         for key in ("rounds", "local_batch", "public_batch", "eval_every", "eval_batch", "last_k"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")
@@ -152,7 +163,7 @@ class PretrainConfig:
     norm: Literal["default", "batch", "group", "none"] = "default"  # must match the federated runs using the checkpoint
     eval_every: int = 5  # evaluate on every domain's test set every k epochs (and the last)
     eval_batch: int = 256  # as EngineConfig.eval_batch
-    bf16: bool = False  # as EngineConfig.bf16
+    bf16: Union[bool, Literal["auto"]] = "auto"  # as EngineConfig.bf16: round 0 of a federation scores BASE as its pretraining did
     channels_last: bool = True  # as EngineConfig.channels_last
     recompute: Union[bool, Literal["auto"]] = "auto"  # as EngineConfig.recompute
     malloc_tuning: Union[bool, int] = 64  # as EngineConfig.malloc_tuning
@@ -161,6 +172,8 @@ class PretrainConfig:
     checkpoint_every: int = 1  # write a resumable checkpoint every k epochs (0: never)
 
     def __post_init__(self):
+        if self.bf16 not in (True, False, "auto"):
+            raise ValueError(f"bf16 must be true, false or auto, got {self.bf16!r}")
         for key in ("epochs", "batch", "eval_every", "eval_batch"):
             if getattr(self, key) < 1:
                 raise ValueError(f"{key} must be >= 1, got {getattr(self, key)}")

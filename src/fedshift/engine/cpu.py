@@ -91,6 +91,25 @@ def release_memory() -> bool:
     return True
 
 
+def cpu_kind() -> str:
+    """This CPU's kind, as the per-kind defaults of the evaluation levers name it:
+    ``avx512_bf16`` (AVX-512 kernels and hardware bf16), else torch's kernel set in lower
+    case (``avx512``, ``avx2``, ``default``...). ``ATEN_CPU_CAPABILITY=avx2`` makes an
+    AVX-512 machine report ``avx2`` (torch then also reports no mkldnn bf16)."""
+    cap = str(torch.backends.cpu.get_cpu_capability()).lower()
+    if cap.startswith("avx512") and bf16_supported(torch.device("cpu")):
+        return "avx512_bf16"
+    return cap
+
+
+def bf16_on(setting, device: torch.device) -> bool:
+    """``engine.bf16`` resolved: ``auto`` = on for the CPU kind ``avx512_bf16`` only (measured with
+    benchmarks/bench_eval.py; CUDA and other kinds: off, not measured or emulated)."""
+    if setting == "auto":
+        return device.type == "cpu" and cpu_kind() == "avx512_bf16"
+    return bool(setting)
+
+
 def bf16_supported(device: torch.device) -> bool:
     """Whether bf16 autocast runs on hardware bf16 on ``device``."""
     if device.type == "cuda":
@@ -105,7 +124,7 @@ def bf16_supported(device: torch.device) -> bool:
 
 def check_bf16(enabled: bool, device: torch.device) -> None:
     """Refuse ``engine.bf16: true`` where bf16 would be emulated (a silent 10x slow-down)."""
-    if enabled and not bf16_supported(device):
+    if enabled is True and not bf16_supported(device):  # "auto" turns itself off there
         from ..errors import ConfigError
 
         raise ConfigError(f"engine.bf16: true, but {device} has no hardware bf16 (CPU capability "
@@ -113,7 +132,7 @@ def check_bf16(enabled: bool, device: torch.device) -> None:
 
 
 def autocast(enabled: bool, device: torch.device):
-    """bf16 autocast on ``device`` when ``enabled``, else a no-op context."""
-    if not enabled:
+    """bf16 autocast on ``device`` when ``enabled`` (``auto``: :func:`bf16_on`), else a no-op context."""
+    if not bf16_on(enabled, device):
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, dtype=torch.bfloat16)

@@ -23,7 +23,7 @@ from ..errors import NonFiniteError
 from ..models import FedModel
 from .config import EngineConfig, recompute_on
 from .cpu import autocast, release_memory
-from .evaluation import EvalSuite, evaluate_suite, intra_inter
+from .evaluation import EvalSuite, evaluate_suite, inference_levers, intra_inter
 from .levers import EngineLevers, drive, slot_device
 
 log = logging.getLogger(__name__)
@@ -272,6 +272,10 @@ class Federation:
         """The inference phases' autocast context (``engine.bf16``; a no-op when off)."""
         return autocast(self.cfg.bf16, self.device)
 
+    def eval_levers(self):
+        """``(fold, channels_last)`` of the evaluation: engine.eval_fold_bn / eval_channels_last resolved."""
+        return inference_levers(self.cfg, self.device)
+
     def test_sets(self):
         return {c.domain: c.data.get("test") for c in self.clients}
 
@@ -284,7 +288,7 @@ class Federation:
         suite = EvalSuite.of(self.test_sets() if tests is None else tests)  # concatenated once for all models
         ks = (1, 5)
         for c in self.clients:
-            per_dom = evaluate_suite(c.model, suite, ks, self.cfg.eval_batch, self.amp())
+            per_dom = evaluate_suite(c.model, suite, ks, self.cfg.eval_batch, self.amp(), *self.eval_levers())
             release_memory()
             for dom, acc in per_dom.items():
                 rows.append({"participant": c.name, "arch": c.arch, "domain": dom,

@@ -48,9 +48,11 @@ from dataclasses import dataclass
 from typing import Any, Callable, Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad_and_value, vmap
+
+from ..losses import cross_entropy
+from .averaging import weighted_average
 
 Batch = Tuple[Tensor, Tensor]
 # objective(call, params, x, y, mask) -> scalar loss of ONE client (vmapped over clients);
@@ -84,9 +86,7 @@ def check_fusable(model: nn.Module) -> None:
 
 def masked_cross_entropy(call: Callable, params: Dict[str, Tensor], x: Tensor, y: Tensor, mask: Tensor) -> Tensor:
     """Mean cross-entropy over the real samples of a padded batch (0 when there is none)."""
-    per = F.cross_entropy(call(params, x), y, reduction="none")
-    w = mask.to(per.dtype)
-    return (per * w).sum() / w.sum().clamp(min=1)
+    return cross_entropy(call(params, x), y, mask)
 
 
 def stack_states(states: Sequence[Mapping[str, Tensor]], names: Sequence[str]) -> Dict[str, Tensor]:
@@ -98,16 +98,9 @@ def unstack(stacked: Mapping[str, Tensor], index: int) -> Dict[str, Tensor]:
 
 
 def weighted_mean_stacked(stacked: Mapping[str, Tensor], weights: Sequence[float]) -> Dict[str, Tensor]:
-    """FedAvg on the stack: sum_k w_k theta_k / sum_k w_k (accumulated in float64, as methods.fedavg)."""
-    w = torch.as_tensor(weights, dtype=torch.float64)
-    if float(w.sum()) <= 0:
-        raise ValueError("weights must sum to a positive number")
-    w = w / w.sum()
-    out = {}
-    for n, t in stacked.items():
-        ww = w.to(t.device).view(-1, *([1] * (t.dim() - 1)))
-        out[n] = (t.double() * ww).sum(0).to(t.dtype)
-    return out
+    """FedAvg on the stack: :func:`~fedshift.engine.averaging.weighted_average` of the unstacked states
+    (the one float64 arithmetic of the sequential round, so both paths average bit for bit alike)."""
+    return weighted_average([unstack(stacked, i) for i in range(len(weights))], weights)
 
 
 def _pad(batches: Sequence[Optional[Batch]], size: int, like: Batch) -> Tuple[Tensor, Tensor, Tensor]:

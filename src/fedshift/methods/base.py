@@ -56,11 +56,22 @@ class ServerParams(BaseParams):
     eval_models: Literal["global", "local"] = "global"
 
 
+#: The keys of ServerParams that make a protocol: a table compares server-averaging rows fairly only
+#: when they agree on these (params/experiments.yaml's scenario_overrides set them per scenario).
+PROTOCOL_KEYS: Tuple[str, ...] = ("eval_models", "weighting")
+
+
+def server_family(cls: Type["Method"]) -> bool:
+    """Whether a method class belongs to the server-averaging (FedAvg) family: its Params extend
+    :class:`ServerParams` (plugins included). A scenario's protocol override reaches the whole family."""
+    return issubclass(cls.Params, ServerParams)
+
+
 class Method:
     name: ClassVar[str] = "base"
     Params: ClassVar[type] = BaseParams
     requires_homogeneous: ClassVar[bool] = False  # parameter averaging needs one shared architecture
-    uses_public: ClassVar[bool] = False  # needs the unlabeled public set
+    uses_public: bool = False  # needs the unlabeled public set (an instance may decide from its params: FedMD)
     # Memory profile, read by fedshift.resources (what SLURM is asked for): copies of each
     # participant's weights the method keeps beyond the model itself (teachers, the previous or
     # global model, EMA/intra copies); how many participants' public-step autograd graphs the
@@ -74,13 +85,23 @@ class Method:
     scenario_defaults: ClassVar[Dict[str, Dict[str, Any]]] = {}
 
     # -- what the engine may do with the method (read by engine.sampling, engine.fused, resources) ----
-    # Each may be a class attribute or a property of the instance (FedAvg's depend on eval_models).
-    #: honours engine.clients_per_round / client_fraction (only some participants train in a round)
-    supports_sampling: bool = False
-    #: runs with engine.server_model (one working model shared by every client: memory flat in K)
-    supports_server_model: bool = False
-    #: why sampling or a shared model is refused, in a few words ('' = the generic reason)
-    per_client_state: str = ""
+    # Read-only properties here, so a subclass answers with a class attribute (``supports_sampling = True``)
+    # or a property of the instance (FedAvg's depend on eval_models) and a type checker accepts both.
+    @property
+    def supports_sampling(self) -> bool:
+        """Honours engine.clients_per_round / client_fraction (only some participants train in a round)."""
+        return False
+
+    @property
+    def supports_server_model(self) -> bool:
+        """Runs with engine.server_model (one working model shared by every client: memory flat in K)."""
+        return False
+
+    @property
+    def per_client_state(self) -> str:
+        """Why sampling or a shared model is refused, in a few words ('' = the generic reason)."""
+        return ""
+
     #: devices on which engine.fused_clients: auto fuses this method's clients (None: every device)
     fused_auto_devices: Optional[Tuple[str, ...]] = None
 

@@ -54,7 +54,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, ClassVar, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -66,6 +66,7 @@ from ..engine.figure_data import check_corr, corr_due, correlation_matrices, sav
 from ..engine.figure_data import sparse_rounds  # noqa: F401  (FCCL's schedule of the figure's rounds)
 from ..losses import fccl_dual_distillation_loss, fccm_loss
 from .base import METHODS
+from .common import refresh_copy
 from .homogeneous import AveragingMethod
 
 TARGETS = ("all", "others", "others_prev")
@@ -96,20 +97,6 @@ def collaborative_targets(outputs: Sequence[Tensor], mode: str,
             raise ValueError("target 'others_prev' needs every participant's previous-round outputs")
         return [(total - o + p) / k for o, p in zip(outputs, prev_outputs)]
     raise ValueError(f"unknown collaborative target {mode!r}; valid: {', '.join(TARGETS)}")
-
-
-def refresh_copy(dst: Optional[torch.nn.Module], src: torch.nn.Module) -> torch.nn.Module:
-    """Copy ``src``'s weights and buffers into the frozen copy ``dst`` (made on first use).
-
-    Reusing the copy avoids a ``deepcopy`` per round; the copy keeps its eval mode
-    and ``requires_grad=False``.
-    """
-    if dst is None:
-        return frozen_copy(src)
-    with torch.no_grad():
-        for d, s in zip(dst.state_dict().values(), src.state_dict().values()):
-            d.copy_(s)
-    return dst
 
 
 def _runs(modes: Sequence[str]) -> List[Tuple[str, int]]:
@@ -153,7 +140,7 @@ class FCCL(AveragingMethod):
     name = "fccl"
     public_graphs = "engine"  # engine.public_graphs: all keeps every participant's graph, one keeps one
     weight_copies = 2  # the round's starting model (inter-domain teacher) + the pretrained (intra) one
-    Params = FCCLParams
+    Params: ClassVar[type] = FCCLParams  # ClassVar[type]: FCCL+ names its own
     uses_public = True
     paper_averaging = "before_local"  # the printed Table XV / CVPR Table 3 rows (per participant); code: after_local (docs/fccl.md)
 
@@ -207,7 +194,7 @@ class FCCL(AveragingMethod):
                 return [c.state["prev"].forward_with_features(xb) for c in clients]
 
         if fed.cfg.public_graphs == "one":  # same maths, one participant's graph alive at a time
-            cache = {}
+            cache: Dict[str, Any] = {}
 
             def losses(outs):
                 return self.colla_losses(outs, cache["prev"])

@@ -11,7 +11,7 @@ Client sampling (``engine.clients_per_round`` / ``client_fraction``, McMahan's C
 only the round's sampled clients train, and the average is weighted by their sample
 counts (Algorithm 2 line 7 of FedFusion). Without sampling every client trains, which
 is the domain-shift scenarios' protocol and gives the same numbers as before sampling
-existed. The average is accumulated client by client (:class:`RunningAverage`), so with
+existed. The average is accumulated client by client (:class:`~fedshift.engine.averaging.RunningAverage`), so with
 ``engine.server_model`` (one working model shared by all clients) a round holds the
 working model, the global weights and one accumulator whatever the number of clients.
 :class:`ServerAveraging` is that round; FedMMD and FedFusion override its hooks.
@@ -39,65 +39,15 @@ Which models are scored (``eval_models``, docs/fccl.md "Which models each table 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Mapping, Optional, Sequence
+from typing import ClassVar, Dict, Optional
 
 import torch
 
+from ..engine.averaging import RunningAverage
 from ..engine.fused import fused_local_update, fused_round, masked_cross_entropy, use_fused
 from ..engine.sampling import round_clients, unique_models, write_sampled
 from .base import METHODS, Method, ServerParams
-
-
-def weighted_average(states: Sequence[Dict[str, torch.Tensor]], weights: Sequence[float]) -> Dict[str, torch.Tensor]:
-    """Sum_k w_k * state_k / sum_k w_k, key by key; non-float tensors are copied from the first state."""
-    total = float(sum(weights))
-    if total <= 0:
-        raise ValueError("weights must sum to a positive number")
-    out = {}
-    for key, ref in states[0].items():
-        if not torch.is_floating_point(ref):
-            out[key] = ref.clone()
-            continue
-        acc = torch.zeros_like(ref, dtype=torch.float64)
-        for s, w in zip(states, weights):
-            acc += s[key].double() * (w / total)
-        out[key] = acc.to(ref.dtype)
-    return out
-
-
-def average_models(clients, weighting: str = "samples") -> Dict[str, torch.Tensor]:
-    """Average the clients' models into one state dict and load it into every client."""
-    states = [c.model.state_dict() for c in clients]
-    weights: List[float] = [c.num_private if weighting == "samples" else 1.0 for c in clients]
-    avg = weighted_average(states, weights)
-    for c in clients:
-        c.model.load_state_dict(avg)
-    return avg
-
-
-class RunningAverage:
-    """``weighted_average`` accumulated one state at a time (same arithmetic, same order).
-
-    ``total`` (the sum of the weights) must be known up front, as it is for a round's
-    sampled clients, so each term is ``state * (w / total)`` exactly as in :func:`weighted_average`.
-    """
-
-    def __init__(self, total: float):
-        if total <= 0:
-            raise ValueError("weights must sum to a positive number")
-        self.total = float(total)
-        self.acc: Optional[Dict[str, torch.Tensor]] = None
-
-    def add(self, state: Mapping[str, torch.Tensor], weight: float) -> None:
-        if self.acc is None:
-            self.acc = {k: (torch.zeros_like(v, dtype=torch.float64) if torch.is_floating_point(v) else v.clone())
-                        for k, v in state.items()}
-        for k, v in state.items():
-            if torch.is_floating_point(v):
-                self.acc[k] += v.double() * (weight / self.total)
-
-    def result(self, like: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
-        return {k: (v.to(like[k].dtype) if torch.is_floating_point(like[k]) else v) for k, v in self.acc.items()}
+from .common import average_models
 
 
 @dataclass(frozen=True)
@@ -120,6 +70,13 @@ class ServerAveraging(Method):
     """
 
     requires_homogeneous = True
+    _next_global: Optional[Dict[str, torch.Tensor]] = None  # the round's new global weights, set by local_update
+
+    def _fused(self, fed):
+        """The fused local objective (engine.fused decides to fuse only a method that has one)."""
+        if self.fused_objective is None:
+            raise TypeError(f"method {self.name!r} has no fused_objective")
+        return self.fused_objective(fed)
 
     @property
     def supports_sampling(self) -> bool:
@@ -180,14 +137,14 @@ class ServerAveraging(Method):
             self._next_global = None
             if use_fused(fed, fed.clients):  # each participant from its own weights, one vmapped step
                 fed.fused_rounds = getattr(fed, "fused_rounds", 0) + 1
-                return fused_local_update(fed, fed.clients, objective=self.fused_objective(fed))
+                return fused_local_update(fed, fed.clients, objective=self._fused(fed))
             return fed.train_participants(loss_fn=lambda cl, x, y, s: self.local_loss(fed, cl, x, y, s))
         clients = round_clients(fed, r)
         global_state = {k: v.detach().clone() for k, v in fed.clients[0].model.state_dict().items()}
         self.begin_round(fed, r, global_state)
         weights = [c.num_private if self.p.weighting == "samples" else 1.0 for c in clients]
         if use_fused(fed, clients):  # engine.fused_clients: one vmapped step for all sampled clients
-            losses, average = fused_round(fed, clients, weights, self.fused_objective(fed), global_state)
+            losses, average = fused_round(fed, clients, weights, self._fused(fed), global_state)
             self._next_global = self.aggregate(fed, average, global_state)
             return losses
         avg = RunningAverage(sum(weights))
@@ -206,6 +163,7 @@ class ServerAveraging(Method):
         if self.local_protocol:
             return
         new, self._next_global = self._next_global, None
+        assert new is not None, "after_round before local_update"
         for m in unique_models(fed):
             m.load_state_dict(new)
 
@@ -219,7 +177,7 @@ class FedAvg(ServerAveraging):
     """FedAvg: local training from the global model, then sample-weighted parameter averaging."""
 
     name = "fedavg"
-    Params = FedAvgParams
+    Params: ClassVar[type] = FedAvgParams  # ClassVar[type]: subclasses name their own Params
 
     def fused_objective(self, fed):
         """The local loss for engine.fused_clients (engine/fused.py): cross-entropy."""

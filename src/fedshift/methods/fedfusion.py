@@ -39,7 +39,7 @@ every model holds between rounds and the engine saves).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar, Dict, Literal, Optional, Tuple
+from typing import ClassVar, Dict, Literal, Optional, Tuple, cast
 
 import torch
 import torch.nn.functional as F
@@ -47,12 +47,13 @@ from torch import nn
 
 from ..engine.federation import frozen_copy
 from ..engine.sampling import unique_models
-from ..losses import ema
+from ..losses import cross_entropy, ema
 from ..models.base import FedModel
 from .base import METHODS
 from .fedavg import ServerAveraging
 
-OPERATORS = ("conv", "multi", "single")
+Operator = Literal["conv", "multi", "single"]
+OPERATORS: Tuple[Operator, ...] = ("conv", "multi", "single")
 
 
 def fuse_conv(local: torch.Tensor, glob: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
@@ -151,32 +152,32 @@ class FedFusion(ServerAveraging):
         op = self.p.operator
         wrapped: Dict[int, FusedModel] = {}
         for m in unique_models(fed):
-            channels = feature_channels(m, fed.data.image_shape, fed.device)
-            wrapped[id(m)] = FusedModel(m, op, channels).to(fed.device)
+            base = cast(FedModel, m)  # the registry's models are FedModels
+            channels = feature_channels(base, fed.data.image_shape, fed.device)
+            wrapped[id(m)] = FusedModel(base, op, channels).to(fed.device)
         for c in fed.clients:  # server-model mode: every client keeps sharing one module
             c.model = wrapped[id(c.model)]
         super().setup(fed)
-        self.global_net = frozen_copy(fed.clients[0].model)  # E_g: refilled every round
+        self.global_net = cast(FusedModel, frozen_copy(fed.clients[0].model))  # E_g: refilled every round
 
     def begin_round(self, fed, r: int, global_state: Dict[str, torch.Tensor]) -> None:
         self.global_net.load_state_dict(global_state)
 
-    def local_loss(self, fed, client, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
+    def objective(self, call, params, x: torch.Tensor, y: torch.Tensor,
+                  mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """The one loss of both paths: CE of the fused logits ``call(params, x, E_g(x))``, the frozen
+        global encoder's map computed once per batch; over the real samples of a padded batch when
+        ``mask`` (engine.fused_clients) is given."""
         with torch.no_grad():
             g = self.global_net.base.feature_map(x)
-        return F.cross_entropy(client.model.fused_logits(x, g), y)
+        return cross_entropy(call(params, x, g), y, mask)
+
+    def local_loss(self, fed, client, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
+        return self.objective(lambda _, inputs, g: client.model.fused_logits(inputs, g), None, x, y)
 
     def fused_objective(self, fed):
-        """:meth:`local_loss` on stacked weights (engine.fused_clients): the frozen global encoder's map
-        on each client's padded batch, the fused logits of the client's own weights, masked CE."""
-        glob_net = self.global_net
-
-        def objective(call, params, x, y, mask):
-            g = glob_net.base.feature_map(x).detach()
-            per = F.cross_entropy(call(params, x, g), y, reduction="none")
-            w = mask.to(per.dtype)
-            return (per * w).sum() / w.sum().clamp(min=1)
-        return objective
+        """:meth:`objective` on stacked weights (engine.fused_clients)."""
+        return self.objective
 
     def aggregate(self, fed, average: Dict[str, torch.Tensor], global_state: Dict[str, torch.Tensor]):
         if self.p.operator in ("multi", "single"):
@@ -184,7 +185,7 @@ class FedFusion(ServerAveraging):
         return average
 
 
-def _variant(op: str):
+def _variant(op: Operator):
     @dataclass(frozen=True)
     class Params(FedFusionParams):
         operator: Literal["conv", "multi", "single"] = op  # fixed by the method name

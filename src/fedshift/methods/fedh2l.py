@@ -73,8 +73,7 @@ from ..engine.fused import stack_parameters, stacked_forward, stacked_grads_aux,
 from ..errors import ConfigError
 from ..losses import batch_accuracy, h2l_mutual_loss, project_gradient
 from .base import METHODS
-from .stepwise import (FLOAT_BYTES, INDEX_BYTES, StepParams, StepwiseMethod, _Node,  # noqa: F401 (re-exported)
-                       bind_flat_grads, flat_params)
+from .stepwise import FLOAT_BYTES, INDEX_BYTES, StepParams, StepwiseMethod, _Node, flat_params
 
 @dataclass(frozen=True)
 class FedH2LParams(StepParams):
@@ -260,6 +259,7 @@ class FedH2L(StepwiseMethod):
     def global_update(self, node: _Node, grad: torch.Tensor) -> None:
         """The global AMSGrad step on ``grad`` projected against g_loc (Eq. 8 or the Table V variant)."""
         node.buf.copy_(project_gradient(grad, node.gloc, self.p.projection))
+        assert node.opt_global is not None  # FedH2L's nodes are built with both optimisers
         node.opt_global.step()
 
     def node_state(self, node: _Node) -> Dict[str, Any]:

@@ -57,7 +57,7 @@ last update sizes, and under ``eval_models: local`` the pending global model
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence
 
 import torch
 
@@ -146,7 +146,7 @@ class FedHEAL(ServerAveraging):
     """FedHEAL: FedAvg with consistency-masked updates and fair, update-size-driven aggregation weights."""
 
     name = "fedheal"
-    Params = FedHEALParams
+    Params: ClassVar[type] = FedHEALParams  # ClassVar[type]: FPL+HEAL names its own
     weight_copies = 3  # per participant: its direction history; per round: its masked update and mask
 
     def setup(self, fed) -> None:

@@ -48,8 +48,8 @@ from ..data.augment import augment
 from ..data.loading import normalize
 from ..losses import fedmatch_unlabeled_loss
 from .base import METHODS
+from .common import PublicOptimizerState
 from .homogeneous import AveragingMethod
-from .rhfl import PublicOptimizerState
 
 
 @dataclass(frozen=True)

@@ -45,6 +45,7 @@ import torch.nn.functional as F
 from ..data.loading import normalize
 from ..losses import fedmd_digest_loss
 from .base import METHODS, Method
+from .common import digest
 from .homogeneous import ParameterAveraging
 
 
@@ -149,29 +150,3 @@ class FedMD(ParameterAveraging, Method):
                 fed, c, x_all, consensus, lambda z, t: fedmd_digest_loss(z, t, self.p.digest_loss),
                 self.p.digest_epochs, "digest_loss")
         return metrics
-
-
-def digest(fed, c, x_all: torch.Tensor, targets: torch.Tensor, loss_fn, epochs: int, key: str) -> float:
-    """Train participant ``c`` for ``epochs`` passes over ``x_all`` (public images) toward
-    ``targets`` (one row per image) with ``loss_fn(logits, target_rows)``, batches of
-    ``engine.public_batch`` in a fresh order per pass (``c.generator``), on a fresh public
-    optimiser; non-finite losses follow ``engine.on_nonfinite``. Returns the mean loss.
-    FedMD's digest and RCFL's distillation share it."""
-    opt = fed.make_optimizer(c.model, "public")
-    c.model.train()
-    batch = fed.cfg.public_batch
-    total, steps = torch.zeros((), device=fed.device), 0
-    for _ in range(epochs):
-        order = torch.randperm(len(x_all), generator=c.generator).to(x_all.device)
-        for s in range(0, len(x_all), batch):
-            sel = order[s:s + batch]
-            if len(sel) < 2:  # BatchNorm cannot train on one sample
-                continue
-            loss = loss_fn(c.model(normalize(x_all[sel])), targets[sel.to(targets.device)])
-            if not fed.optimizer_step(opt, loss, c.name, key):
-                continue
-            total += loss.detach()
-            steps += 1
-    mean = float(total / max(steps, 1))
-    fed.check_total(mean, c.name, key)
-    return mean

@@ -28,13 +28,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import partial
-from typing import Dict, Literal
+from typing import Callable, ClassVar, Dict, Literal, Optional
 
 import torch
-import torch.nn.functional as F
 
 from ..engine.federation import frozen_copy
-from ..losses import MMD_BANDWIDTH_MULTIPLIERS, mmd2_rbf, two_stream_l2
+from ..losses import cross_entropy, mmd2_rbf, two_stream_l2
 from .base import METHODS
 from .fedavg import ServerAveraging
 
@@ -69,33 +68,7 @@ class FedMMDL2Params:
             raise ValueError(f"lam must be >= 0, got {self.lam}")
 
 
-def masked_mmd2_rbf(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor,
-                    multipliers=MMD_BANDWIDTH_MULTIPLIERS, min_scale: float = 0.0) -> torch.Tensor:
-    """:func:`~fedshift.losses.mmd2_rbf` over the rows with weight 1 of a padded batch (``w``: 0/1 per row).
-
-    Equal to ``mmd2_rbf(x[w == 1], y[w == 1])``: the width is the mean squared distance over
-    distinct real pairs, every expectation a mean over real pairs (written with masks so it
-    runs under ``vmap``, where boolean indexing cannot)."""
-    z = torch.cat([x, y], 0)
-    wz = torch.cat([w, w], 0)
-    sq = z.pow(2).sum(1)
-    d2 = (sq[:, None] + sq[None, :] - 2 * z @ z.T).clamp_min(0)
-    pair = wz[:, None] * wz[None, :]
-    n = wz.sum()
-    scale = ((d2.detach() * pair).sum() / (n * n - n).clamp(min=1)).clamp_min(
-        max(min_scale, torch.finfo(z.dtype).tiny))
-    k = sum(torch.exp(-d2 / (scale * m)) for m in multipliers) * pair
-    nx = x.shape[0]
-    nr2 = w.sum().pow(2).clamp(min=1)
-    return (k[:nx, :nx].sum() + k[nx:, nx:].sum() - 2 * k[:nx, nx:].sum()) / nr2
-
-
-def masked_two_stream_l2(x: torch.Tensor, y: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """:func:`~fedshift.losses.two_stream_l2` over the rows with weight 1 of a padded batch."""
-    return ((x - y).pow(2).sum(1) * w).sum() / w.sum().clamp(min=1)
-
-
-CONSTRAINTS = {"mmd": mmd2_rbf, "l2": two_stream_l2}
+CONSTRAINTS: Dict[str, Callable[..., torch.Tensor]] = {"mmd": mmd2_rbf, "l2": two_stream_l2}
 
 
 @METHODS.register("fedmmd")
@@ -103,40 +76,39 @@ class FedMMD(ServerAveraging):
     """Two-stream local training: CE + lambda * MMD^2 between the frozen global and the local outputs."""
 
     name = "fedmmd"
-    Params = FedMMDParams
+    Params: ClassVar[type] = FedMMDParams  # ClassVar[type]: FedMMDL2 names its own
 
     def setup(self, fed) -> None:
         super().setup(fed)
         self.global_net = frozen_copy(fed.clients[0].model)  # one frozen copy, refilled every round
-        self.penalty = CONSTRAINTS[self.p.constraint]
+        self.penalty: Callable[..., torch.Tensor] = CONSTRAINTS[self.p.constraint]
         if self.p.constraint == "mmd":
             self.penalty = partial(mmd2_rbf, min_scale=self.p.min_kernel_scale)
 
     def begin_round(self, fed, r: int, global_state: Dict[str, torch.Tensor]) -> None:
         self.global_net.load_state_dict(global_state)
 
+    def objective(self, local: torch.Tensor, glob: torch.Tensor, y: torch.Tensor,
+                  mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Eq. 3-5, the one loss of both paths: CE(local, y) + lambda * penalty(global, local), over the
+        real samples of a padded batch when ``mask`` (0/1 per row, engine.fused_clients) is given."""
+        return cross_entropy(local, y, mask) + self.p.lam * self.penalty(glob, local, mask=mask)
+
     def fused_objective(self, fed):
-        """:meth:`local_loss` on stacked weights (engine.fused_clients): the frozen global stream runs
-        on each client's padded batch and the penalty counts the real samples only (masked forms)."""
-        lam, glob_net = self.p.lam, self.global_net
-        if self.p.constraint == "mmd":
-            penalty = partial(masked_mmd2_rbf, min_scale=self.p.min_kernel_scale)
-        else:
-            penalty = masked_two_stream_l2
+        """:meth:`objective` on stacked weights (engine.fused_clients): the frozen global stream runs
+        on each client's padded batch."""
+        glob_net = self.global_net
 
         def objective(call, params, x, y, mask):
             local = call(params, x)
-            glob = glob_net(x).detach()
-            w = mask.to(local.dtype)
-            ce = (F.cross_entropy(local, y, reduction="none") * w).sum() / w.sum().clamp(min=1)
-            return ce + lam * penalty(glob, local, w)
+            return self.objective(local, glob_net(x).detach(), y, mask.to(local.dtype))
         return objective
 
     def local_loss(self, fed, client, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
         local = client.model(x)
         with torch.no_grad():
             glob = self.global_net(x)
-        return F.cross_entropy(local, y) + self.p.lam * self.penalty(glob, local)
+        return self.objective(local, glob, y)
 
 
 @METHODS.register("fedmmd_l2")

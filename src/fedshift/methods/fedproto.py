@@ -32,6 +32,32 @@ paper's own code, yuetan031/FedProto, is what HtFLlib's cites at
   and adds a new ``Linear(feature_dim, C)`` head (``system/flcore/trainmodel/models.py:26-50``,
   ``-fd 512`` in ``total.sh:2``).
 
+Switches where the paper and the official codes part (defaults: the code):
+
+* the regulariser, ``reg_form``. The FedProto paper writes it on prototypes,
+  ``sum_j ||C_i^(j) - C^(j)||_2`` (local prototype of class j against the global one); both
+  official codes compute the per-sample ``MSELoss(proto_new, rep)`` instead: the paper's own code
+  (yuetan031/FedProto 97e42e27, ``lib/update.py:161-173``, ``loss = loss1 + loss2 * args.ld``) and
+  HtFLlib's (``clientproto.py:47-53``). ``reg_form: code`` (default) is that MSE
+  (:func:`~fedshift.methods.prototypes.proto_mse_loss`): the authors' code, the one
+  their published numbers come from. ``reg_form: paper`` is the equation as printed, per batch
+  (:func:`~fedshift.methods.prototypes.proto_paper_loss`: the batch's class means against the
+  global prototypes, unsquared L2, summed over the batch's classes that have one); no published
+  number was produced with it. Its scale differs (a sum of norms, not a mean of squares), so
+  ``lamda`` does not carry over between the two.
+* scoring, ``scoring``. HtFLlib's ``test_metrics`` scores the nearest global prototype by MSE
+  (``clientproto.py:70-100``: ``argmin_j MSELoss(rep, g_j)``, classes without a global prototype
+  never chosen) = ``scoring: prototype`` (default): a forward hook on each participant's ``head``
+  (:class:`~fedshift.methods.prototypes.PrototypeScoring`) makes its eval-mode output
+  ``-MSE(rep, g_j)`` over the classes, so the engine's evaluation (top-1, top-5, intra/inter) reads
+  the nearest prototype with no change of its own. Before the first global prototypes (the round-0
+  evaluation) the classifier scores (HtFLlib reports accuracy 0 there, ``:99-100``).
+  ``scoring: head`` scores each participant's classifier: the other methods' protocol, and the
+  "w/o protos" number the paper's code prints beside its "with protos" one
+  (yuetan031/FedProto ``lib/update.py:470-488`` and ``:490-526``; the latter restricts the nearest
+  prototype to the client's own classes and is not reproduced). ``fedshift evaluate`` on a
+  published ``models.pt`` re-scores with the classifier: the global prototypes are not in that file.
+
 Differs (and why):
 
 * the representation: fedshift keeps each registered model's own classifier on its
@@ -39,13 +65,8 @@ Differs (and why):
   in ``rep = AdaptiveAvgPool1d(proto_dim)(h)``, ``proto_dim: 0`` = the narrowest
   participant's ``feature_dim`` (identity when all are equal). With one architecture this is
   the official computation; across widths the classifier sees ``h``, not the pooled ``rep``.
-* scoring: the engine scores each participant's classifier (every method's protocol);
-  HtFLlib's ``test_metrics`` scores the nearest global prototype by MSE (``clientproto.py:70-100``).
-  Not switchable here (an engine-level change).
 * the local optimiser is the engine's (Adam by default; HtFLlib: SGD, ``clientproto.py:23``;
   set ``engine.optimizer: sgd``, ``momentum: 0`` for theirs).
-* the FedProto paper writes the regulariser on prototypes, ``sum_j ||C_i^(j) - C^(j)||``;
-  fedshift follows the code (per-sample MSE). No switch yet.
 
 Fused clients (``engine.fused_clients``) are refused by name (no fused objective: the
 regulariser reads per-client prototype state), as are ``engine.server_model`` and
@@ -58,7 +79,7 @@ State across rounds: the global prototypes (C x d) and which classes have one
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Literal, Mapping, Optional
+from typing import Any, ClassVar, Dict, Literal, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
@@ -66,7 +87,7 @@ import torch.nn.functional as F
 from ..data.loading import normalize
 from ..engine.sampling import round_clients, write_sampled
 from .base import METHODS, Method
-from .prototypes import class_sums, mean_prototypes, pool_to, proto_mse_loss
+from .prototypes import PrototypeScoring, class_sums, mean_prototypes, pool_to, proto_mse_loss, proto_paper_loss
 
 
 @dataclass(frozen=True)
@@ -78,6 +99,12 @@ class FedProtoParams:
     # training: mean of the train-mode reps of every local step (clientproto.py:55-57);
     # eval: after local training, eval mode, over the private data (HtFLlib FedTGP, clienttgp.py:67-88)
     local_protos: Literal["training", "eval"] = "training"
+    # code: per-sample MSE(rep, p_y) as both official codes (yuetan031/FedProto lib/update.py:161-171,
+    # HtFLlib clientproto.py:47-53); paper: sum_j ||C_i^(j) - C^(j)||_2 on the batch's class means
+    reg_form: Literal["code", "paper"] = "code"
+    # prototype: evaluation scores the nearest global prototype by MSE (HtFLlib clientproto.py:70-100);
+    # head: each participant's own classifier (the other methods' protocol)
+    scoring: Literal["prototype", "head"] = "prototype"
 
     def __post_init__(self):
         if self.lamda < 0 or self.proto_dim < 0:
@@ -97,7 +124,7 @@ class FedProto(Method):
     """FedProto: class prototypes exchanged instead of parameters; CE + lamda * MSE to the global prototypes."""
 
     name = "fedproto"
-    Params = FedProtoParams
+    Params: ClassVar[type] = FedProtoParams  # ClassVar[type]: FedTGP names its own
     weight_copies = 0  # one model per participant; the prototypes are C x d
     supports_sampling = True  # only the round's sampled clients train and upload (serverproto.py:29-44)
     supports_server_model = False
@@ -112,6 +139,8 @@ class FedProto(Method):
         self.protos: Optional[torch.Tensor] = None  # (C, d) global prototypes; None before the first upload
         self.present: Optional[torch.Tensor] = None  # (C,) bool
         self._acc: Dict[str, tuple] = {}  # participant -> (sums, counts) of this round's training reps
+        for c in fed.clients:  # scoring: head still removes an earlier method object's hook from these models
+            PrototypeScoring.install(c.model, self if self.p.scoring == "prototype" else None)
 
     # -- local updating --------------------------------------------------------------
     def rep(self, h: torch.Tensor) -> torch.Tensor:
@@ -121,8 +150,9 @@ class FedProto(Method):
         h, logits = client.model.forward_with_features(x)
         rep = self.rep(h)
         loss = F.cross_entropy(logits, y)
-        if self.protos is not None and self.p.lamda > 0:
-            loss = loss + self.p.lamda * proto_mse_loss(rep, y, self.protos, self.present)
+        if self.protos is not None and self.present is not None and self.p.lamda > 0:
+            reg = proto_paper_loss if getattr(self.p, "reg_form", "code") == "paper" else proto_mse_loss
+            loss = loss + self.p.lamda * reg(rep, y, self.protos, self.present)
         if self.p.local_protos == "training":
             s, n = class_sums(rep.detach().to(torch.promote_types(rep.dtype, torch.float32)), y, self.num_classes)
             acc = self._acc.get(client.name)
@@ -136,12 +166,15 @@ class FedProto(Method):
         was = client.model.training
         client.model.eval()
         b = fed.cfg.eval_batch
-        s = n = None
+        s: Optional[torch.Tensor] = None
+        n: Optional[torch.Tensor] = None
         for i in range(0, len(y), b):
             rep = self.rep(client.model.features(normalize(x[i:i + b])))
             ds, dn = class_sums(rep.to(torch.promote_types(rep.dtype, torch.float32)), y[i:i + b], self.num_classes)
-            s, n = (ds, dn) if s is None else (s + ds, n + dn)
+            s, n = (ds, dn) if s is None or n is None else (s + ds, n + dn)
         client.model.train(was)
+        if s is None or n is None:
+            raise ValueError(f"{client.name} has no private data to build prototypes from")
         return s / n.clamp(min=1).unsqueeze(1), n
 
     def local_update(self, fed, r: int) -> Dict[str, float]:
@@ -165,7 +198,7 @@ class FedProto(Method):
 
     # -- resumable state ------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
-        if self.protos is None:
+        if self.protos is None or self.present is None:  # both None before the first upload
             return {}
         return {"protos": self.protos.detach().cpu().clone(), "present": self.present.cpu().clone()}
 

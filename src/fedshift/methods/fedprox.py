@@ -16,7 +16,8 @@ or inexact solutions) and full participation, as in the FCCL+ benchmark; the loc
 optimiser is the engine's (Adam, FCCL+ § 4.1) rather than SGD.
 
 State: none across rounds (the global model of a round is the weights every
-participant holds when the round starts, which the engine saves).
+participant holds when the round starts, which the engine saves). One loss,
+:meth:`FedProx.objective`, serves the sequential and the fused (engine.fused_clients) paths.
 """
 
 from __future__ import annotations
@@ -24,10 +25,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Dict
 
-import torch.nn.functional as F
+import torch
 
-from ..engine.fused import masked_cross_entropy
-from ..losses import prox_term
+from ..losses import cross_entropy, prox_term
 from .base import METHODS, ServerParams
 from .fedavg import FedAvg
 
@@ -48,31 +48,26 @@ class FedProx(FedAvg):
     name = "fedprox"
     Params = FedProxParams
 
-    def local_update(self, fed, r: int) -> Dict[str, float]:
-        for c in fed.clients:  # w_global: what the participant holds before local updating
-            c.state["global_params"] = [q.detach().clone() for q in c.model.parameters() if q.requires_grad]
-        try:
-            return super().local_update(fed, r)
-        finally:
-            for c in fed.clients:
-                c.state.pop("global_params", None)
+    def begin_round(self, fed, r: int, global_state: Dict[str, torch.Tensor]) -> None:
+        # w_global: the weights every participant holds before local updating (both paths, both protocols)
+        self._anchor = {n: global_state[n] for n, q in fed.clients[0].model.named_parameters() if q.requires_grad}
+
+    def objective(self, call, params: Dict[str, torch.Tensor], x, y, mask=None) -> torch.Tensor:
+        """CE + (mu/2)||w - w_global||², the one loss of both paths: ``call(params, x)`` runs the model;
+        ``mask`` marks a padded batch's real samples (engine.fused_clients), None on the sequential path."""
+        loss = cross_entropy(call(params, x), y, mask)
+        if self.p.mu > 0:
+            loss = loss + prox_term(params, self._anchor, self.p.mu)
+        return loss
 
     def fused_objective(self, fed):
-        """CE + (mu/2)||w - w_global||^2 on stacked weights (engine.fused_clients): ``w_global`` is what
-        every sampled client holds at the start of the round (the working model before training)."""
-        mu = self.p.mu
-        glob = {n: q.detach().clone() for n, q in fed.clients[0].model.named_parameters() if q.requires_grad}
+        """:meth:`objective` on stacked weights (engine.fused_clients)."""
+        return self.objective
 
-        def objective(call, params, x, y, mask):
-            loss = masked_cross_entropy(call, params, x, y, mask)
-            if mu > 0:
-                loss = loss + (mu / 2) * sum((params[n] - g).pow(2).sum() for n, g in glob.items())
-            return loss
-        return objective
+    def after_round(self, fed, r: int) -> None:
+        super().after_round(fed, r)
+        self._anchor = {}  # no copy of the old global weights held between rounds
 
     def local_loss(self, fed, client, x, y, step):
-        loss = F.cross_entropy(client.model(x), y)
-        if self.p.mu > 0:
-            params = [q for q in client.model.parameters() if q.requires_grad]
-            loss = loss + prox_term(params, client.state["global_params"], self.p.mu)
-        return loss
+        params = {n: q for n, q in client.model.named_parameters() if q.requires_grad}
+        return self.objective(lambda _, inputs: client.model(inputs), params, x, y)

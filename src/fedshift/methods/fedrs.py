@@ -28,7 +28,7 @@ State: none across rounds (the scales come from the private labels).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, cast
 
 import torch
 
@@ -57,7 +57,8 @@ def present_classes(labels: torch.Tensor, num_classes: int) -> torch.Tensor:
 
 def last_linear(model: torch.nn.Module) -> torch.nn.Linear:
     """The classifier's final linear layer (whose bias the restriction leaves unscaled)."""
-    return [m for m in model.head.modules() if isinstance(m, torch.nn.Linear)][-1]
+    head = cast(torch.nn.Module, model.head)  # a FedModel's classifier module
+    return [m for m in head.modules() if isinstance(m, torch.nn.Linear)][-1]
 
 
 @METHODS.register("fedrs")

@@ -35,9 +35,12 @@ TsingZ0/HtFLlib e959261d ``system/flcore/{clients/clienttgp.py,servers/servertgp
   upload (no regulariser in round 1, ``clienttgp.py:46``).
 * client sampling: the selected clients train and upload (``servertgp.py:56-72``).
 
+* scoring: the nearest global prototype by MSE (``clienttgp.py:90-120``, as FedProto's client)
+  = ``scoring: prototype``; ``head`` scores each participant's classifier instead.
+
 Differs (and why): as FedProto (:mod:`fedshift.methods.fedproto`: representation pooled to
-``proto_dim`` beside the model's own classifier, classifier scoring rather than nearest
-prototype, the engine's local optimiser). The distance's square root is taken of the
+``proto_dim`` beside the model's own classifier, the classifier's scores before any global
+prototype exists, the engine's local optimiser). The distance's square root is taken of the
 expanded form clamped at 0 (the official code takes it unclamped: a rounding error below
 zero there gives NaN). The TGP's initialisation and the server's shuffling draw from their
 own seeded stream (a child of the run's seed), so runs and resumes repeat exactly.
@@ -70,6 +73,8 @@ class FedTGPParams:
     server_lr: float = 0.01  # TGP's SGD lr = the clients' lr in the official code (servertgp.py:28; run_me.sh:1 -lr 0.01)
     server_batch: int = 10  # TGP batch = the clients' batch in the official code (servertgp.py:29; run_me.sh:1 -lbs 10)
     hidden_dim: int = 0  # TGP hidden width; 0 = proto_dim (servertgp.py:33-34)
+    # prototype: evaluation scores the nearest global prototype by MSE (clienttgp.py:90-120); head: the classifier
+    scoring: Literal["prototype", "head"] = "prototype"
 
     def __post_init__(self):
         bad = {k: v for k, v in (("lamda", self.lamda), ("proto_dim", self.proto_dim), ("hidden_dim", self.hidden_dim),

@@ -42,13 +42,13 @@ from typing import Any, Dict, Literal, Mapping
 
 import torch
 
+from ..engine.averaging import weighted_average
 from ..engine.federation import derive_seeds
 from ..losses import mutual_learning_losses
 from ..models import create_model
 from .base import METHODS, Method
-from .fedavg import weighted_average
+from .common import model_state
 from .homogeneous import ParameterAveraging
-from .moon import model_state
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ class FML(ParameterAveraging, Method):
             torch.manual_seed(derive_seeds(fed.seed + 1, 1)[0])  # its own stream: private inits unchanged
             meme = create_model(arch, num_classes=fed.num_classes, in_channels=fed.data.image_shape[0], **kwargs)
         fmt = torch.channels_last if fed.cfg.channels_last else torch.contiguous_format
-        meme = meme.to(fed.device, memory_format=fmt)
+        meme = meme.to(fed.device, memory_format=fmt)  # type: ignore[call-overload]  # Module.to takes it; torch's stubs omit it
         self.memes = {c.name: copy.deepcopy(meme) for c in fed.clients}
         self.global_meme = model_state(meme)
 

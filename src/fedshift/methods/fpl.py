@@ -48,7 +48,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Dict, Mapping
+from typing import Any, ClassVar, Dict, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
@@ -82,7 +82,12 @@ class FPL(FedAvg):
     """FPL: FedAvg + cluster-prototype contrast + unbiased-prototype consistency (FINCH-clustered prototypes)."""
 
     name = "fpl"
-    Params = FPLParams
+    Params: ClassVar[type] = FPLParams  # ClassVar[type]: FPL+HEAL names its own
+    # the server's prototypes (fpl_server_prototypes); None before the first round's upload
+    clusters: Optional[torch.Tensor]
+    owner: Optional[torch.Tensor]
+    unbiased: Optional[torch.Tensor]
+    present: Optional[torch.Tensor]
 
     def setup(self, fed) -> None:
         super().setup(fed)
@@ -93,7 +98,8 @@ class FPL(FedAvg):
     def local_loss(self, fed, client, x, y, step):
         h, logits = client.model.forward_with_features(x)
         loss = F.cross_entropy(logits, y)
-        if self.clusters is not None:
+        if (self.clusters is not None and self.owner is not None and self.unbiased is not None
+                and self.present is not None):  # all four set by the server, or none
             loss = loss + fpl_prototype_loss(h, y, self.clusters, self.owner, self.unbiased, self.present, self.p.tau)
         if step // steps_per_epoch(client.num_private, fed.cfg.local_batch) == fed.cfg.local_epochs - 1:
             s, n = class_sums(h.detach().to(torch.promote_types(h.dtype, torch.float32)), y, fed.num_classes)
@@ -126,4 +132,4 @@ class FPL(FedAvg):
             return
         for k in keys:
             setattr(self, k, state[k].to(self._device))
-        self.present = self.present.to(torch.bool)
+        self.present = state["present"].to(self._device).to(torch.bool)

@@ -45,7 +45,7 @@ from torch import Tensor
 from ..engine.cpu import release_memory
 from ..errors import ConfigError
 from .base import Method
-from .fedavg import average_models
+from .common import average_models
 
 AVERAGING = ("auto", "none", "before_local", "after_local")
 
@@ -73,8 +73,8 @@ def sync_start(fed) -> None:
         c.model.load_state_dict(state)
 
 
-class ParameterAveraging:
-    """Mixin (before :class:`~fedshift.methods.base.Method` in the bases): the round may average the
+class ParameterAveraging(Method):
+    """A :class:`~fedshift.methods.base.Method` whose round may average the
     participants' parameters before or after local updating. Needs the Params keys
     ``homogeneous_averaging`` and ``averaging_weights``; call :meth:`resolve_averaging` in ``setup``.
     FedMD, RCFL and FML use it alone (they keep no public optimisers); :class:`AveragingMethod` adds those."""

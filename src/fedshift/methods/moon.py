@@ -42,15 +42,15 @@ buffers), in :meth:`MOON.state_dict`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, Literal, Mapping
+from typing import Any, Dict, Literal, Mapping, cast
 
 import torch
 import torch.nn.functional as F
 
-from ..engine.federation import frozen_copy
 from ..losses import moon_contrastive_loss
+from ..models.base import FedModel
 from .base import METHODS, ServerParams
-from .fccl import refresh_copy
+from .common import frozen_from_state, model_state, refresh_copy
 from .fedavg import FedAvg
 
 
@@ -67,18 +67,6 @@ class MOONParams(ServerParams):
     def __post_init__(self):
         if self.tau <= 0 or self.mu < 0:
             raise ValueError(f"tau must be > 0 and mu >= 0, got tau={self.tau}, mu={self.mu}")
-
-
-def model_state(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
-    """Detached CPU copies of a model's weights and buffers (for a method's state_dict)."""
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
-
-
-def frozen_from_state(like: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> torch.nn.Module:
-    """A frozen copy of ``like``'s architecture holding ``state``."""
-    m = frozen_copy(like)
-    m.load_state_dict(state)
-    return m
 
 
 @METHODS.register("moon")
@@ -114,8 +102,8 @@ class MOON(FedAvg):
             for t in (glob, prev):
                 t.train(self.p.teacher_bn == "train")  # frozen copies: eval mode unless asked
             with torch.no_grad():
-                h_glob = glob.features(x)
-                h_prev = prev.features(x)
+                h_glob = cast(FedModel, glob).features(x)
+                h_prev = cast(FedModel, prev).features(x)
             loss = loss + self.p.mu * moon_contrastive_loss(h, h_glob, h_prev, self.p.tau)
         return loss
 

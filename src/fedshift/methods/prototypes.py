@@ -8,7 +8,7 @@ commits the docstrings of those modules name.
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Dict, List, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -40,6 +40,69 @@ def proto_mse_loss(rep: Tensor, labels: Tensor, protos: Tensor, present: Tensor)
     has = present.to(torch.bool)[labels]
     target = torch.where(has.unsqueeze(1), protos[labels].to(rep.dtype), rep.detach())
     return F.mse_loss(rep, target)
+
+
+def proto_paper_loss(rep: Tensor, labels: Tensor, protos: Tensor, present: Tensor) -> Tensor:
+    """FedProto's regulariser as the paper writes it: a distance between the participant's local
+    prototypes and the global ones, ``sum_j ||C_i^(j) - C^(j)||_2``, over the classes ``j`` that
+    have a global prototype (Tan et al., AAAI 2022; not the authors' code, which computes
+    :func:`proto_mse_loss`: ``yuetan031/FedProto lib/update.py:161-171``).
+
+    Per batch (the only place a gradient can reach): ``C_i^(j)`` = the mean of the batch's ``rep``
+    rows of class ``j``; classes absent from the batch or without a global prototype add 0; the L2
+    norm is not squared and not averaged over classes. A batch with no such class gives 0.
+    """
+    sums, counts = class_sums(rep, labels, protos.shape[0])
+    keep = (counts > 0) & present.to(torch.bool)
+    local = sums[keep] / counts[keep].unsqueeze(1)
+    return (local - protos[keep].to(rep.dtype)).norm(dim=1).sum()
+
+
+def nearest_prototype_scores(rep: Tensor, protos: Tensor, present: Tensor) -> Tensor:
+    """Scores for nearest-prototype classification (``HtFLlib system/flcore/clients/clientproto.py:87-95``,
+    ``clienttgp.py:107-115``: ``output[i, j] = MSELoss(rep_i, g_j)``, prediction ``argmin``): (B, C) of
+    ``-mean_d (rep_i - g_j)^2``, ``-inf`` for classes without a global prototype (the official
+    ``inf`` start value). The largest score is the nearest prototype, so top-k reads them as logits.
+    Computed in at least float32 (the prototypes' dtype or wider)."""
+    dt = torch.promote_types(torch.promote_types(rep.dtype, protos.dtype), torch.float32)
+    d = (rep.to(dt).unsqueeze(1) - protos.to(dt).unsqueeze(0)).pow(2).mean(2)
+    return (-d).masked_fill(~present.to(torch.bool, copy=False).unsqueeze(0), float("-inf"))
+
+
+class PrototypeScoring:
+    """Forward hook on a participant's classifier ``head`` for ``scoring: prototype``: in eval mode
+    (every evaluation the engine runs) the head's output is replaced by
+    :func:`nearest_prototype_scores` of the method's current global prototypes, computed from the
+    head's input (the features ``h``, pooled by ``method.rep``); in train mode, and before any
+    global prototype exists, the head's own logits pass through. So the engine scores the nearest
+    prototype without a change of its own; the weights and ``state_dict`` are untouched.
+
+    A deep copy of the model (frozen copies) keeps this same hook, which reads the method's prototypes."""
+
+    def __init__(self, method):
+        self.method = method
+
+    def __call__(self, module, args, output):
+        m = self.method
+        if module.training or m.protos is None:
+            return None
+        return nearest_prototype_scores(m.rep(args[0]), m.protos, m.present)
+
+    def __deepcopy__(self, memo):
+        return self
+
+    @staticmethod
+    def install(model: nn.Module, method) -> None:
+        """Put one such hook on ``model.head``, removing any earlier one (of an earlier method object);
+        ``method=None`` only removes."""
+        head = model.head
+        if not isinstance(head, nn.Module):
+            raise TypeError(f"nearest-prototype scoring needs the model's classifier `head` as a module, got {type(head).__name__}")
+        hooks = head._forward_hooks
+        for k in [k for k, h in hooks.items() if isinstance(h, PrototypeScoring)]:
+            del hooks[k]
+        if method is not None:
+            head.register_forward_hook(PrototypeScoring(method))
 
 
 def class_sums(rep: Tensor, labels: Tensor, num_classes: int) -> Tuple[Tensor, Tensor]:
@@ -145,7 +208,8 @@ def first_neighbour_partition(x: Tensor) -> Tensor:
         a, b = root(i), root(j)
         if a != b:
             parent[max(a, b)] = min(a, b)
-    labels, out = {}, []
+    labels: Dict[int, int] = {}
+    out: List[int] = []
     for i in range(n):
         out.append(labels.setdefault(root(i), len(labels)))
     return torch.tensor(out, dtype=torch.long)

@@ -46,7 +46,7 @@ import torch.nn.functional as F
 from ..data.loading import normalize
 from ..losses import classwise_aggregate, soft_target_loss
 from .base import METHODS, Method
-from .fedmd import digest
+from .common import digest
 from .homogeneous import ParameterAveraging
 
 
@@ -83,7 +83,7 @@ class RCFL(ParameterAveraging, Method):
                                        for c in fed.clients])
 
     def collaborate(self, fed, r: int) -> Dict[str, float]:
-        if self.scores is None or self.p.distill_epochs == 0:
+        if self.scores is None or self.index is None or self.p.distill_epochs == 0:  # both None before round 1's scores
             return {}
         pub = fed.data.public
         x_all = pub[self.index.to(pub.device)]
@@ -110,7 +110,7 @@ class RCFL(ParameterAveraging, Method):
         self.scores = classwise_aggregate(torch.stack(scores), self.class_mask.to(fed.device)).cpu()
 
     def state_dict(self) -> Dict[str, Any]:
-        if self.scores is None:
+        if self.scores is None or self.index is None:
             return {}
         return {"index": self.index.clone(), "scores": self.scores.clone()}
 

@@ -39,29 +39,8 @@ import torch
 from ..data.loading import normalize
 from ..losses import rhfl_confidence_weights, symmetric_ce_loss, weighted_kl_alignment
 from .base import METHODS
+from .common import PublicOptimizerState
 from .homogeneous import AveragingMethod
-
-
-class PublicOptimizerState:
-    """Mixin for :class:`AveragingMethod` subclasses: the persistent public optimisers as state.
-
-    With ``fresh_optimizer`` the optimisers hold nothing across batches; without it
-    their Adam moments live across rounds and go into the method's state.
-    """
-
-    def optimizer_state(self) -> Dict[str, Any]:
-        if self.p.fresh_optimizer:
-            return {}
-        return {name: opt.state_dict() for name, opt in self._public_opts.items()}
-
-    def load_optimizer_state(self, fed, state: Mapping[str, Any]) -> None:
-        self._public_opts = {}
-        by_name = {c.name: c for c in fed.clients}
-        for name, s in state.items():
-            if name not in by_name:
-                raise ValueError(f"{self.name} state: unknown participant {name!r}; valid: {sorted(by_name)}")
-            opt = self._public_opts[name] = fed.make_optimizer(by_name[name].model, "public")
-            opt.load_state_dict(s)
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,10 @@ def bind_flat_grads(model: torch.nn.Module) -> torch.Tensor:
 class _Node:
     """Per-participant step state: flat gradient buffer, optimisers, data order."""
 
+    # FedH2L's, set in its setup: the g_loc accumulator and the flat parameters at the last global step
+    gloc: torch.Tensor
+    start: torch.Tensor
+
     def __init__(self, model, x, y, lr, wd, two_optimizers: bool, global_wd: float):
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.buf = bind_flat_grads(model)

@@ -15,19 +15,22 @@ federated schedule: rounds x local epochs).
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import Iterable
 
 import pandas as pd
 
+from ..config import safe_load_yaml
 from ..data.store import atomic_write_text
+from ..errors import ConfigError
+from ..provenance import stale
 
 ID_COLUMNS = ["scenario", "public", "method", "base_method", "structure", "seed"]
 
 
 def _config(run_dir: Path) -> dict:
-    from ..config import safe_load_yaml
-
     return safe_load_yaml((Path(run_dir) / "config.yaml").read_text(), str(Path(run_dir) / "config.yaml"))
 
 
@@ -51,8 +54,6 @@ def load_run(run_dir: Path) -> pd.DataFrame:
     df["select"] = select
     chosen = {}
     if select == "best_val":
-        import json
-
         chosen = json.loads((run_dir / "metrics.json").read_text()).get("selected_rounds") or {}
     df["selected_round"] = df["participant"].map(chosen) if chosen else float("nan")
     df["tuned"] = bool(cfg.get("tuned"))  # its values were chosen on validation (fedshift.tune)
@@ -96,10 +97,6 @@ def current_runs(run_dirs: Iterable[Path], kind: str = "run") -> list:
     """The run folders whose recorded inputs (``inputs.json``) still equal the current files; each
     one left out is listed on stderr (issue 38: a result of data that is gone never reaches the
     tables). Folders without ``inputs.json`` (published before it existed) are kept."""
-    import sys
-
-    from ..provenance import stale
-
     kept, left = [], []
     for d in run_dirs:
         why = stale(_folder(d))
@@ -115,8 +112,6 @@ def current_runs(run_dirs: Iterable[Path], kind: str = "run") -> list:
 def collect(run_dirs: Iterable[Path], out: Path, pretrain_dirs: Iterable[Path] = ()) -> pd.DataFrame:
     run_dirs = current_runs(list(run_dirs), "federated run")
     if not run_dirs:
-        from ..errors import ConfigError
-
         raise ConfigError("every federated run given to collect was made from inputs that changed since "
                           "(listed above); rerun them (snakemake) before collecting")
     frames = [load_run(Path(d)) for d in run_dirs]

@@ -19,11 +19,16 @@ that links them; ``fedshift.report.report.make_report`` calls it.
 
 from __future__ import annotations
 
+import logging
+import re
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import pandas as pd
+
+from .frames import participant_archs
+from .palette import method_colours
 
 
 def _plt():
@@ -62,9 +67,6 @@ def participant_curves(df: pd.DataFrame, path: Path, title: str, methods: Option
     fig, axes = plt.subplots(2, len(parts), figsize=(2.8 * len(parts) + 1.6, 5.2), sharex=True, sharey="row",
                              squeeze=False)
     from matplotlib.ticker import MaxNLocator
-
-    from .frames import participant_archs
-    from .palette import method_colours
 
     palette = method_colours(order)  # the same colour per method in every figure of the report
     archs = participant_archs(df[df["method"] != "base_pretrain"])
@@ -322,8 +324,6 @@ def pretrained_embedding(pretrain_root: Path, partition_dir: Path, scenario: str
 # ---------------------------------------------------------------------------------------
 
 def _natural(s) -> Tuple:
-    import re
-
     return tuple(int(t) if t.isdigit() else t for t in re.split(r"(\d+)", str(s)))
 
 
@@ -362,8 +362,6 @@ def report_figures(df: pd.DataFrame, out: Path, report_cfg: Optional[dict] = Non
         try:
             ok = pretrained_embedding(Path(pretrain_root), Path(partitions_root) / scen, scen, seed, out / fname)
         except Exception as exc:  # a figure never fails the report
-            import logging
-
             logging.getLogger(__name__).warning("t-SNE figure skipped: %s", exc)
             ok = False
         if ok:

@@ -1,16 +1,18 @@
 """Per-run headline numbers from ``runs.csv``, shared by every report section (the tables of
-report.py and the paper delta of paper_delta.py read the same frame, so neither imports the other)."""
+report.py and the paper delta (paper_delta.py and its parts) read the same frame, so neither imports the other)."""
 
 from __future__ import annotations
 
 import pandas as pd
+
+from ..errors import ConfigError
 
 
 def topk(scenario: str) -> str:
     """The scenario's headline metric: top-1 (Digits, Office Caltech, Rotated MNIST) or top-5
     (Office31, Office-Home), as the authors' code prints them."""
     try:
-        from ..data import SCENARIOS
+        from ..data import SCENARIOS  # here, not at the top: fedshift.data imports torch
 
         return f"top{SCENARIOS.get(scenario).headline_topk}"
     except Exception:
@@ -92,8 +94,6 @@ def published_method_names(report_cfg) -> dict:
     A grid that runs a reading of a published method under its own name (``fedh2l_seedlocal`` for
     the paper's ``fedh2l``) maps it here, so the paper delta, the claims and the FedH2L table compare
     it with that published row; our names stay ours everywhere in the report."""
-    from ..errors import ConfigError
-
     ours_to_pub = dict((report_cfg or {}).get("published_methods") or {})
     inverse: dict = {}
     for ours, pub in ours_to_pub.items():

@@ -23,9 +23,17 @@ from typing import Dict, List, Optional, Tuple
 import pandas as pd
 
 from ..data.store import atomic_dir
-from .frames import headline_frame, participant_archs  # noqa: F401 (headline_frame: public here too)
+from ..tracking import report_run
+from .delta_markdown import interval_coverage  # what the intervals cover, said once for every section
+from .figures import report_figures  # per-participant, heatmaps, cross-correlation, ablations, t-SNE
+from .frames import headline_frame, participant_archs
 from .frames import selection_note, tuned_budget
 from .frames import topk as _topk
+from .h2l import h2l_section  # FedH2L Table II (ACC / WDP / CDP) when the runs wrote pooled rows
+from .html import write_html_views  # report.md and claims.csv shown inline by snakemake --report
+from .palette import method_colours
+from .paper_delta import delta_report  # published tables (report.published) and the papers' claims
+from .rounds import rounds_report
 from .stats import fmt_interval, half_width
 
 
@@ -98,8 +106,6 @@ def curves_figure(df: pd.DataFrame, path: Path, title: str, methods: Optional[Li
     import seaborn as sns
     from matplotlib.ticker import MaxNLocator
 
-    from .palette import method_colours
-
     df = df[df["method"] != "base_pretrain"]  # one point (the pretrain runs' final epoch), no curve
     metric = _topk(df["scenario"].iloc[0])
     avg = (df.groupby(["method", "seed", "round", "participant", "kind"], as_index=False)[metric].mean()
@@ -158,7 +164,6 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
     df = pd.read_csv(runs_csv)
     report_cfg = report_cfg or {}
     written: List[Path] = []
-    from .paper_delta import interval_coverage  # what the intervals cover, said once for every section
 
     with atomic_dir(Path(out_dir)) as tmp:
         full, df = df, df[df["kind"] != "global"]  # global-model rows: report/rounds.py
@@ -217,27 +222,15 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
                 pd.concat(both, axis=1).to_csv(tmp / f"{spec['name']}__{_slug(scen, pub, struct)}.csv")
                 named[(spec["name"], scen, pub, struct)] = (pd.concat(both, axis=1), pd.concat(stds, axis=1))
         md += tuned_section(report_cfg, tmp)  # issue 36: the values chosen on validation, every candidate's score
-        from .paper_delta import delta_report  # published tables (report.published) and the papers' claims
-
         md += delta_report(full, report_cfg, tmp, last_k)
-        from .h2l import h2l_section  # FedH2L Table II (ACC / WDP / CDP) when the runs wrote pooled rows
-
         md.extend(h2l_section(df, report_cfg, tmp, last_k))
-        from .rounds import rounds_report
-
         md += rounds_report(full, tmp, report_cfg, last_k)
-        from .figures import report_figures  # per-participant, heatmaps, cross-correlation, ablations, t-SNE
-
         md += report_figures(df, tmp, report_cfg, last_k, tables=named)
         (tmp / "report.md").write_text("\n".join(md))
-        from .html import write_html_views  # report.md and claims.csv shown inline by snakemake --report
-
         write_html_views(tmp)
         written = sorted(tmp.iterdir())
     final = [Path(out_dir) / p.name for p in written]
     if tracking and os.environ.get("FEDSHIFT_TRACKING", "mlflow") != "none":
-        from ..tracking import report_run
-
         with report_run(report_cfg.get("name")) as tr:
             for p in final:
                 tr.log_artifact(p)

@@ -13,7 +13,7 @@
   freedom, whose sample std is too unstable to bound a verdict) and every zero-width interval (all
   seeds printed the same number: the spread is unmeasured, not zero); those say why in brackets.
   The published value is taken as exact (the papers print no interval).
-* The margin is a stated choice per published table (:func:`fedshift.report.paper_delta.table_margin`:
+* The margin is a stated choice per published table (:func:`fedshift.report.claims.table_margin`:
   half the smallest printed gap a claim of that table rests on), never a "seed spread": none of the
   papers prints one.
 * Rounding happens once, when a number is printed (:func:`fmt_interval`); every table and

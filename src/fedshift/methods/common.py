@@ -1,0 +1,108 @@
+"""Helpers several methods share, so no method file borrows from a sibling method's file.
+
+* :func:`average_models` - the server average loaded into every participant (FedAvg, the
+  averaging family of ``homogeneous.py``);
+* :func:`refresh_copy`, :func:`model_state`, :func:`frozen_from_state` - frozen teacher copies
+  reused across rounds and their checkpointed form (FCCL, MOON, FML);
+* :class:`PublicOptimizerState` - persistent public-data optimisers as method state (RHFL, FedMatch);
+* :func:`digest` - train one participant toward per-image targets on the public set (FedMD's
+  digest, RCFL's distillation).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, List, Mapping, Optional
+
+import torch
+
+from ..data.loading import normalize
+from ..engine.averaging import weighted_average
+from ..engine.federation import frozen_copy
+from .base import Method
+
+
+def average_models(clients, weighting: str = "samples") -> Dict[str, torch.Tensor]:
+    """Average the clients' models into one state dict and load it into every client."""
+    states = [c.model.state_dict() for c in clients]
+    weights: List[float] = [c.num_private if weighting == "samples" else 1.0 for c in clients]
+    avg = weighted_average(states, weights)
+    for c in clients:
+        c.model.load_state_dict(avg)
+    return avg
+
+
+def refresh_copy(dst: Optional[torch.nn.Module], src: torch.nn.Module) -> torch.nn.Module:
+    """Copy ``src``'s weights and buffers into the frozen copy ``dst`` (made on first use).
+
+    Reusing the copy avoids a ``deepcopy`` per round; the copy keeps its eval mode
+    and ``requires_grad=False``.
+    """
+    if dst is None:
+        return frozen_copy(src)
+    with torch.no_grad():
+        for d, s in zip(dst.state_dict().values(), src.state_dict().values()):
+            d.copy_(s)
+    return dst
+
+
+def model_state(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
+    """Detached CPU copies of a model's weights and buffers (for a method's state_dict)."""
+    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+
+
+def frozen_from_state(like: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> torch.nn.Module:
+    """A frozen copy of ``like``'s architecture holding ``state``."""
+    m = frozen_copy(like)
+    m.load_state_dict(state)
+    return m
+
+
+class PublicOptimizerState(Method):
+    """Mixin for :class:`AveragingMethod` subclasses (first in the bases): the persistent public
+    optimisers as state.
+
+    With ``fresh_optimizer`` the optimisers hold nothing across batches; without it
+    their Adam moments live across rounds and go into the method's state.
+    """
+
+    _public_opts: Dict[str, Any]  # participant name -> its public optimiser
+
+    def optimizer_state(self) -> Dict[str, Any]:
+        if self.p.fresh_optimizer:
+            return {}
+        return {name: opt.state_dict() for name, opt in self._public_opts.items()}
+
+    def load_optimizer_state(self, fed, state: Mapping[str, Any]) -> None:
+        self._public_opts = {}
+        by_name = {c.name: c for c in fed.clients}
+        for name, s in state.items():
+            if name not in by_name:
+                raise ValueError(f"{self.name} state: unknown participant {name!r}; valid: {sorted(by_name)}")
+            opt = self._public_opts[name] = fed.make_optimizer(by_name[name].model, "public")
+            opt.load_state_dict(s)
+
+
+def digest(fed, c, x_all: torch.Tensor, targets: torch.Tensor, loss_fn, epochs: int, key: str) -> float:
+    """Train participant ``c`` for ``epochs`` passes over ``x_all`` (public images) toward
+    ``targets`` (one row per image) with ``loss_fn(logits, target_rows)``, batches of
+    ``engine.public_batch`` in a fresh order per pass (``c.generator``), on a fresh public
+    optimiser; non-finite losses follow ``engine.on_nonfinite``. Returns the mean loss.
+    FedMD's digest and RCFL's distillation share it."""
+    opt = fed.make_optimizer(c.model, "public")
+    c.model.train()
+    batch = fed.cfg.public_batch
+    total, steps = torch.zeros((), device=fed.device), 0
+    for _ in range(epochs):
+        order = torch.randperm(len(x_all), generator=c.generator).to(x_all.device)
+        for s in range(0, len(x_all), batch):
+            sel = order[s:s + batch]
+            if len(sel) < 2:  # BatchNorm cannot train on one sample
+                continue
+            loss = loss_fn(c.model(normalize(x_all[sel])), targets[sel.to(targets.device)])
+            if not fed.optimizer_step(opt, loss, c.name, key):
+                continue
+            total += loss.detach()
+            steps += 1
+    mean = float(total / max(steps, 1))
+    fed.check_total(mean, c.name, key)
+    return mean

@@ -1,0 +1,130 @@
+"""The paper delta as Markdown: a section's cells, the per-table summary, the claims table, the
+schedules of a comparison side by side, and what the seeds' intervals cover."""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+import pandas as pd
+
+from .frames import participant_archs
+from .published import BASE, BASE_PRETRAIN
+from .stats import DEFAULT_MARGIN, fmt_interval
+
+
+def _fmt_ours(r) -> str:
+    if r["metric"].startswith("rounds_to/"):
+        if r["reached"] < r["n"]:
+            return f"≥ {r['ours']:.1f} (reached {r['reached']}/{r['n']})"
+        return fmt_interval(r["ours"], r["ci"], r["n"], bounded=False, digits=1) + f" (reached {r['reached']}/{r['n']})"
+    return fmt_interval(r["ours"], r["ci"], r["n"])
+
+
+def _fmt_delta(r) -> str:
+    if pd.isna(r["delta"]):
+        return "–"
+    return ("≥ " if r["reached"] < r["n"] else "") + f"{r['delta']:+.2f}"
+
+
+def cells_markdown(cells: pd.DataFrame, title: str, margin: float = DEFAULT_MARGIN, schedule: str = "",
+                   margin_reason: str = "", schedule_differs: str = "") -> str:
+    """One section's cells. A proxy section (our stand-in scenario) opens with both schedules and has no
+    verdict column: its numbers and Δ are shown, not judged. A section on the paper's data whose schedule
+    is not the paper's (``schedule_differs``: e.g. 500 of 10,000 rounds) states both schedules and its
+    verdict column says "no verdict"."""
+    proxy = bool(cells["proxy"].any())
+    head = "| method | participant | metric | n | ours (mean ± 95% CI) | published | Δ |"
+    rule = "|---|---|---|---:|---:|---:|---:|"
+    lines = [f"### {title}", ""]
+    if proxy:
+        lines += [schedule, "", "No verdicts here: a stand-in run on another schedule cannot agree or differ "
+                  "with the paper; the numbers and Δ are for orientation only.", ""]
+    elif schedule_differs:
+        lines += [schedule, "", f"No verdicts here: {schedule_differs}; a run on another schedule cannot agree or "
+                  "differ with the paper's numbers.", ""]
+    if not proxy:
+        if margin_reason:
+            lines += [f"Margin {margin_reason}.", ""]
+        head, rule = head + f" verdict (margin ±{margin:g}) |", rule + "---|"
+    lines += [head, rule]
+    for _, r in cells.iterrows():
+        pub = "–" if pd.isna(r["published"]) else f"{r['published']:.2f}" + (" ⚑" if r["flag"] else "")
+        name = r["method"] if r["ours_method"] in (r["method"], BASE) else f"{r['method']} (ours: {r['ours_method']})"
+        row = (f"| {name} | {r['participant']} | {r['metric']} | {r['n']} | {_fmt_ours(r)} | {pub} | "
+               f"{_fmt_delta(r)} |")
+        if not proxy:
+            row += f" {r['verdict']} |"
+        lines.append(row)
+    if (cells["ours_method"] == BASE_PRETRAIN).any():
+        lines.append("\nThe published `base` (SOLO/BASE) row is matched with our `base_pretrain`; our federated "
+                     "`base` is listed as an extra, unmatched row.")
+    flagged = cells[cells["flag"] != ""]
+    for _, r in flagged.drop_duplicates("flag").iterrows():
+        lines.append(f"\n⚑ {r['method']} / {r['participant']}: {r['flag']}")
+    reused = cells[cells["note"].str.contains("same numbers as", na=False)]
+    for method, g in reused.groupby("method", sort=False):
+        src = g["note"].iloc[0].split("same numbers as", 1)[1].split(";")[0].strip()
+        lines.append(f"\n↺ {method}: the paper reprints the same numbers as {src}")
+    return "\n".join(lines) + "\n"
+
+
+def summary_markdown(summary: pd.DataFrame) -> str:
+    lines = ["| table | scenario (ours) | public / structure | metric | cells | mean \\|Δ\\| | agree / inconclusive / "
+             "differ | ranking τ | same order |", "|---|---|---|---|---:|---:|---|---:|---|"]
+    for _, r in summary.iterrows():
+        scen = r["scenario"] + (f" (proxy: {r['our_scenario']})" if r["proxy"] else "")
+        tau = "" if pd.isna(r["kendall_tau"]) else f"{r['kendall_tau']:+.2f}"
+        same = "" if r["same_order"] is None or pd.isna(r["same_order"]) else ("yes" if r["same_order"] else "no")
+        counts = ("no verdicts (proxy)" if r["proxy"] else
+                  f"{r['agree']} / {r['inconclusive']} / {r['differ']} (min n={r['min_n']})")
+        lines.append(f"| {r['table']} | {scen} | {r['public']} / {r['structure']} | {r['metric']} | {r['cells']} | "
+                     f"{r['mean_abs_delta']:.2f} | {counts} | {tau} | {same} |")
+    return "\n".join(lines) + "\n"
+
+
+def claims_markdown(claims: pd.DataFrame) -> str:
+    lines = ["| claim | paper | where | verdict | numbers |", "|---|---|---|---|---|"]
+    for _, r in claims.iterrows():
+        where = (f"{r['who']}: {r['scenario']}" if r["who"].startswith("paper") else
+                 f"ours: {r['our_scenario']} / {r['public']} / {r['structure']}"
+                 + (f" (proxy for {r['scenario']}: another schedule)" if r["proxy"] else ""))
+        if r["claim_structure"]:
+            where += f" [{r['claim_structure']} claim]"
+        lines.append(f"| {r['id']}: {r['claim']} | {r['paper']} | {where} | {r['verdict']} | {r['pairs']} pairs: "
+                     f"{r['numbers']} |")
+    return "\n".join(lines) + "\n"
+
+
+def schedule_note(runs: pd.DataFrame, source: str, paper: str, our_scenario: str, public: str, structure: str,
+                  schedules: Mapping) -> str:
+    """Both schedules of a proxy comparison, side by side (data, rounds, local epochs, models)."""
+    g = runs[(runs["scenario"] == our_scenario) & (runs["public"] == public) & (runs["structure"] == structure)
+             & (runs["method"] != BASE_PRETRAIN)]
+    archs = participant_archs(g[g["participant"] != "global"])
+    rounds = int(g["round"].max()) if len(g) else "?"
+    epochs = (", ".join(str(int(e)) for e in sorted(g["local_epochs"].dropna().unique()))
+              if "local_epochs" in g.columns and g["local_epochs"].notna().any() else "not recorded in runs.csv")
+    models = ", ".join(f"{p} {a}" for p, a in archs.items()) or "?"
+    theirs = schedules.get(source) or schedules.get(f"default_{paper}")
+    ours = (f"**Schedule differs.** Ours: data {our_scenario} (public {public}), {rounds} rounds, local epochs "
+            f"{epochs}, models {models}.")
+    if not theirs:
+        return ours + " The paper's: not recorded in params/papers/schedules.yaml."
+    return (ours + f" The paper's: data {theirs.get('data', '?')}, {theirs.get('rounds', '?')} rounds, local epochs "
+            f"{theirs.get('local_epochs', '?')}, models {theirs.get('models', '?')} ({theirs.get('source', '')}).")
+
+
+def interval_coverage(runs: pd.DataFrame) -> str:
+    """What the seeds' spread measures: training noise on one data draw (``data_seed: fixed``, every seed
+    reads the same partition) or data draw + training (``data_seed: run``)."""
+    ds = set(runs["data_seed"].dropna().astype(str)) if "data_seed" in runs.columns else set()
+    if ds == {"run"}:
+        return ("each seed drew its own private/public/test subsets (`data_seed: run`, as the authors' code "
+                "does): the intervals cover data draw and training noise.")
+    if "run" in ds:
+        return ("some groups redrew their data per seed (`data_seed: run`: data draw + training noise) and others "
+                "share one draw (`data_seed: fixed`: training noise only); runs.csv's data_seed column says which.")
+    return ("every seed trained and was evaluated on one data draw (`data_seed: fixed`): the intervals cover "
+            "training noise (initialisation, batch order) only, not the variation of another draw of the "
+            "partitions and test images, which can be as large: a test set of n images at accuracy p alone has a "
+            "binomial sd of √(p(1 − p)/n), 2.7 points for 150 images at 88 %.")
