@@ -52,12 +52,27 @@ def _grid_files():
     return sorted(p for p in (ROOT / "params/papers").glob("*.yaml") if "grid" in (yaml.safe_load(p.read_text()) or {}))
 
 
+def _install_example_plugin(monkeypatch):
+    """examples/fedprox_adaptive registered as its entry point would register it (undone after the test);
+    test_plugins.py installs it with pip and runs it through Snakemake."""
+    from fedshift.methods import METHODS
+
+    monkeypatch.syspath_prepend(str(ROOT / "examples/fedprox_adaptive"))
+    import fedprox_adaptive
+
+    METHODS.load_plugins()  # the installed plugins first, so the one added here is not read over
+    monkeypatch.setitem(METHODS._items, "fedprox_adaptive", fedprox_adaptive.FedProxAdaptive)
+    monkeypatch.setitem(METHODS._origin, "fedprox_adaptive", "plugin fedshift-fedprox-adaptive (test)")
+
+
 @pytest.mark.parametrize("path", _grid_files(), ids=lambda p: p.stem)
 def test_every_paper_grid_plans_alone_or_refuses_naming_the_file_it_adds_to(path, capsys, monkeypatch):
     """Complete on its own (its engine block with the schedule) or an overlay that refuses alone."""
     monkeypatch.chdir(ROOT)
     cfg = yaml.safe_load(path.read_text())
     rel = str(path.relative_to(ROOT))
+    if "fedprox_adaptive" in path.read_text():  # the example plugin's overlay: as if pip had installed it
+        _install_example_plugin(monkeypatch)
     code = main(["validate", "--experiments", rel])
     out = capsys.readouterr()
     if "overlay_of" in cfg:

@@ -129,6 +129,11 @@ def test_the_validation_winner_is_chosen_not_the_test_winner(relabelled, tmp_pat
     test set: the tune must choose 1e-3, and the seeded runs must then train with it."""
     from fedshift import tune
 
+    part = relabelled / "partitions/mnist5k_permuted"
+    for name in json.loads((part / "manifest.json").read_text())["participants"]:  # the scored images are not test images
+        priv_src = np.load(part / name / "private_index.npy")
+        val_src = priv_src[np.load(part / name / "private_holdout.npy")]
+        assert len(val_src) > 0 and not set(val_src) & set(np.load(part / name / "test_index.npy"))
     grid = _grid({"budget": {"rounds": 2, "seeds": [7], "patience": 0}, "metric": "avg/val/acc",
                   "methods": {"fedavg": {"engine.lr": [1e-7, 1e-3]}}})
     plan, tp = _plan(grid, tmp_path, relabelled)
@@ -288,12 +293,43 @@ def test_report_states_selection_and_prints_the_tuned_table(tmp_path):
     assert "Tuned on the validation holdout (tuned.csv): fedavg" in note
     table = tmp_path / "tuned_in.csv"
     pd.DataFrame([{"scenario": "s", "public": "none", "method": "fedavg", "structure": "st", "parameter": "engine.lr",
-                   "candidates": "0.001 0.01", "chosen": 0.01, "val_score": 55.0, "scores": "lr=0.001: 40.00; lr=0.01: 55.00"}]
+                   "candidates": "0.001 0.01", "chosen": 0.01, "val_score": 55.0, "n_candidates": 2, "diverged": 0,
+                   "scores": "lr=0.001: 40.00; lr=0.01: 55.00"},
+                  {"scenario": "s", "public": "none", "method": "moon", "structure": "st", "parameter": "engine.lr",
+                   "candidates": "0.001 0.01 0.1", "chosen": 0.01, "val_score": 50.0, "n_candidates": 3, "diverged": 1,
+                   "scores": "lr=0.001: 40.00; lr=0.01: 50.00; lr=0.1: diverged"},
+                  {"scenario": "s", "public": "none", "method": "fedprox", "structure": "st", "parameter": "engine.lr",
+                   "candidates": "0.001 0.01 0.1", "chosen": 0.1, "val_score": 60.0, "n_candidates": 3, "diverged": 0,
+                   "scores": "lr=0.001: 40.00; lr=0.01: 50.00; lr=0.1: 60.00"}]
                  ).to_csv(table, index=False)
     md = tuned_section({"tuned": {"table": str(table), "budget": {"rounds": 5, "seeds": [0], "patience": 2},
                                   "metric": "avg/val/acc"}}, tmp_path)
-    assert "## Tuned hyper-parameters" in md[0] and any("| engine.lr | 0.001 0.01 | 0.01 | 55.00 |" in l for l in md)
+    assert "## Tuned hyper-parameters" in md[0] and any("| engine.lr | 0.001 0.01 | 0.01 | 55.00 | 0 of 2 |" in l for l in md)
+    assert any("| moon | st | engine.lr | 0.001 0.01 0.1 | 0.01 | 50.00 | 1 of 3 | lr=0.001: 40.00; lr=0.01: 50.00; "
+               "lr=0.1: diverged |" in l for l in md)
+    # a winner on the range's edge is flagged (two candidates have no inside: not flagged)
+    assert any("| fedprox | st | engine.lr | 0.001 0.01 0.1 | 0.1 (edge) |" in l for l in md)
+    assert any(l.startswith("**Chosen at the edge of its range**") and "fedprox engine.lr." in l for l in md)
+    assert not any("fedavg engine.lr" in l for l in md)
+    pd.DataFrame([{"scenario": "s", "public": "none", "method": "plugin", "structure": "st", "parameter": "engine.lr",
+                   "candidates": "0.001 0.01 0.1", "chosen": 0.01, "val_score": 10.52, "n_candidates": 3, "diverged": 0,
+                   "scores": "lr=0.001: 9.90; lr=0.01: 10.52; lr=0.1: 10.52"}]).to_csv(table, index=False)
+    md = tuned_section({"tuned": {"table": str(table), "budget": {}, "metric": "avg/val/acc"}}, tmp_path)
+    assert any("| 0.01 (tie of 2: first listed) | 10.52 |" in l for l in md)  # a tie is said, not hidden
     assert (tmp_path / "tuned.csv").exists()
+
+
+def test_a_rounds_table_says_which_rows_were_tuned_and_by_what_budget():
+    import pandas as pd
+
+    from fedshift.report.rounds import tuned_rounds_note
+
+    g = pd.DataFrame({"method": ["fedavg", "fedmmd", "fedfusion"], "tuned": [True, True, False]})
+    cfg = {"tuned": {"budget": {"rounds": 15, "seeds": [100], "patience": 5}, "metric": "global/val/top1"}}
+    (line, blank) = tuned_rounds_note(g, cfg)
+    assert line.startswith("Tuned on the validation holdout") and "fedavg, fedmmd; not tuned: fedfusion." in line
+    assert "15 rounds, tuning seeds [100], early-stopping patience 5 evaluations" in line and "global/val/top1" in line
+    assert tuned_rounds_note(g.assign(tuned=False), cfg) == []
 
 
 def test_share_and_scenarios_and_the_global_metric_plan_as_stated(tmp_path):

@@ -63,6 +63,17 @@ def selection_note(df: pd.DataFrame, last_k: int) -> str:
     return line
 
 
+def tuned_budget(report_cfg: dict, sub: pd.DataFrame) -> str:
+    """`` Budget: ...`` for a group whose rows include tuned runs (issue 36), else ''."""
+    t = (report_cfg or {}).get("tuned")
+    if not t or "tuned" not in sub.columns or not sub["tuned"].fillna(False).astype(bool).any():
+        return ""
+    b = t.get("budget") or {}
+    return (f" Tuning budget per candidate: {b.get('rounds')} rounds, tuning seeds {b.get('seeds')}, early-stopping "
+            f"patience {b.get('patience')} evaluation{'' if b.get('patience') == 1 else 's'} (0: none), "
+            f"selected by {t.get('metric')} on validation.")
+
+
 def participant_archs(df: pd.DataFrame) -> dict:
     """participant -> architecture of one (scenario, public, structure) group's runs (``arch`` column)."""
     if "arch" not in df.columns:

@@ -27,7 +27,7 @@ from ..tracking import report_run
 from .delta_markdown import interval_coverage  # what the intervals cover, said once for every section
 from .figures import report_figures  # per-participant, heatmaps, cross-correlation, ablations, t-SNE
 from .frames import headline_frame, participant_archs
-from .frames import selection_note
+from .frames import selection_note, tuned_budget
 from .frames import topk as _topk
 from .h2l import h2l_section  # FedH2L Table II (ACC / WDP / CDP) when the runs wrote pooled rows
 from .html import write_html_views  # report.md and claims.csv shown inline by snakemake --report
@@ -237,14 +237,14 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
     return final
 
 
-def tuned_budget(report_cfg: Dict, sub: pd.DataFrame) -> str:
-    """`` Budget: ...`` for a group whose rows include tuned runs (issue 36), else ''."""
-    t = (report_cfg or {}).get("tuned")
-    if not t or "tuned" not in sub.columns or not sub["tuned"].fillna(False).astype(bool).any():
-        return ""
-    b = t.get("budget") or {}
-    return (f" Tuning budget per candidate: {b.get('rounds')} rounds, tuning seeds {b.get('seeds')}, early-stopping "
-            f"patience {b.get('patience')} evaluations, selected by {t.get('metric')} on validation.")
+def _on_edge(candidates, chosen) -> bool:
+    """Whether ``chosen`` is the smallest or largest of three or more numeric candidates (a space-separated list)."""
+    try:
+        values = [float(v) for v in str(candidates).split()]
+        c = float(chosen)
+    except ValueError:
+        return False
+    return len(values) > 2 and c in (min(values), max(values))
 
 
 def tuned_section(report_cfg: Dict, out: Path) -> List[str]:
@@ -259,11 +259,26 @@ def tuned_section(report_cfg: Dict, out: Path) -> List[str]:
     lines = ["## Tuned hyper-parameters", "",
              f"Chosen on the validation holdout by {t.get('metric')} (best evaluation of each candidate, mean over "
              f"tuning seeds {b.get('seeds')}; {b.get('rounds')} rounds, early-stopping patience {b.get('patience')}); "
-             "test data never seen. `scores`: every candidate's values and validation score (%), `diverged` where "
-             "its loss or weights became non-finite (docs/tuning.md).", "",
-             "| scenario | public | method | structure | parameter | candidates | chosen | val score (%) | scores |",
-             "|---|---|---|---|---|---|---|---:|---|"]
+             "test data never seen. `val score`: the chosen candidate's; `diverged`: how many candidates' loss or "
+             "weights became non-finite (never chosen); `scores`: every candidate's values and validation score (%), "
+             "`diverged` in place of a score; `(tie of k: first listed)` after a chosen value: k candidates share the "
+             "best score and the first listed is taken (docs/tuning.md).", "",
+             "| scenario | public | method | structure | parameter | candidates | chosen | val score (%) | diverged | scores |",
+             "|---|---|---|---|---|---|---|---:|---|---|"]
+    edges = []
     for r in df.itertuples(index=False):
+        chosen = f"{r.chosen}"
+        if _on_edge(r.candidates, r.chosen):
+            chosen += " (edge)"
+            edges.append(f"{r.method} {r.parameter}")
+        tied = [x for x in str(r.scores).split("; ") if x.rsplit(": ", 1)[-1] == f"{r.val_score:.2f}"]
+        if len(tied) > 1:  # chosen by order among equal scores (often: all at chance)
+            chosen += f" (tie of {len(tied)}: first listed)"
+        div = (f"{r.diverged} of {r.n_candidates}" if "n_candidates" in df.columns else "")
         lines.append(f"| {r.scenario} | {r.public} | {r.method} | {r.structure} | {r.parameter} | {r.candidates} | "
-                     f"{r.chosen} | {r.val_score:.2f} | {r.scores} |")
+                     f"{chosen} | {r.val_score:.2f} | {div} | {r.scores} |")
+    if edges:
+        lines += ["", f"**Chosen at the edge of its range** (the smallest or largest of more than two numeric "
+                      f"candidates): {', '.join(edges)}. The best value may lie outside the range searched; "
+                      "widen it before reading these rows as tuned."]
     return lines + [""]

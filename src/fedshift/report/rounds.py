@@ -24,6 +24,8 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 import pandas as pd
 
+from .frames import tuned_budget
+
 BASELINE = "fedavg"
 GROUP = ["scenario", "public", "structure"]
 PUBLISHED_DIR = Path(__file__).resolve().parents[3] / "params" / "papers" / "published"
@@ -172,6 +174,19 @@ def rounds_report(df: pd.DataFrame, out_dir: Path, report_cfg: Mapping, last_k: 
         p = published[published["scenario"] == stand_in.get(scen, scen)]
         p = p[p["metric"].astype(str).str.startswith(("rounds_to/", "global/"))]
         md.append(to_markdown(table, targets, f"{scen} / public {pub} / {struct}", p))
+        md += tuned_rounds_note(gg, report_cfg)  # issue 36: which rows ran at tuned values, by what budget
         curves_figure(gg, Path(out_dir) / f"global_curves__{slug}.png", f"{scen} / {struct}", targets)
         md.append(f"![global accuracy per round](global_curves__{slug}.png)\n")
     return md
+
+
+def tuned_rounds_note(g: pd.DataFrame, report_cfg: Mapping) -> List[str]:
+    """The line under a rounds table whose rows include tuned runs (issue 36): which methods ran at
+    values chosen on validation (``tuned.csv``), and the tuning budget; else nothing."""
+    if "tuned" not in g.columns or not g["tuned"].fillna(False).astype(bool).any():
+        return []
+    tuned = sorted(set(g.loc[g["tuned"].fillna(False).astype(bool), "method"]))
+    rest = sorted(set(g["method"]) - set(tuned))
+    line = (f"Tuned on the validation holdout (values and every candidate's score: section Tuned "
+            f"hyper-parameters): {', '.join(tuned)}" + (f"; not tuned: {', '.join(rest)}" if rest else "") + ".")
+    return [line + tuned_budget(report_cfg, g), ""]
