@@ -1,6 +1,6 @@
-# Data comes from DVC (dvc.yaml): this rule only runs `dvc repro` when the partitions or
-# public sets the grid needs are missing, so whichever of `dvc repro` and `snakemake`
-# runs second finds the data up to date. After editing params/data.yaml run `dvc repro`:
+# Data comes from DVC (dvc.yaml): this rule only runs `dvc repro` of the partitions and public sets
+# the grid needs (partition@<scenario>, public@<set>), and only when they are missing, so whichever
+# of `dvc repro` and `snakemake` runs second finds the data up to date. After editing params/data.yaml run `dvc repro`:
 # changed partitions get new manifests, which re-runs the jobs that read them.
 
 
@@ -14,6 +14,9 @@ rule dvc_repro:
         # the grid's data file (its `data_params` key, or --config data_params=...): DVC builds from
         # params/data.yaml only, so a grid naming another file stops here with one line (issue 22 pt 4)
         data=DATA_PARAMS,
+        # only the stages this grid reads (and, through dvc.yaml's dependencies, the datasets they are
+        # drawn from): a grid of two scenarios fetches and partitions two, whatever params/data.yaml lists
+        targets=" ".join([f"partition@{s}" for s in SCENARIOS_USED] + [f"public@{p}" for p in PUBLIC_USED]),
     log:
         "logs/dvc_repro.log",
     shell:
@@ -23,10 +26,11 @@ rule dvc_repro:
             echo "fedshift: error: this grid needs the data of {params.data}, but dvc repro builds from params/data.yaml: copy it there (cp {params.data} params/data.yaml) or merge its scenarios/public sets into it, then rerun" | tee {log} >&2
             exit 1
         fi
-        dvc repro > {log} 2>&1
+        dvc repro {params.targets} > {log} 2>&1 || rc=$?  # a stage missing from params/data.yaml: the line below names it
         for f in {output}; do
             [ -e "$f" ] || {{ echo "fedshift: error: dvc repro did not build $f: add its scenario/public set to {params.data} (dvc builds from params/data.yaml)" | tee -a {log} >&2; exit 1; }}
         done
+        exit ${{rc:-0}}
         """
 
 
