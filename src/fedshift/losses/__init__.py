@@ -49,53 +49,8 @@ from .consensus import (
 from .h2l import PROJECTIONS, project_gradient, confidence_weights, batch_accuracy, h2l_mutual_loss
 from .domain import MMD_BANDWIDTH_MULTIPLIERS, mmd2_rbf, two_stream_l2, ema
 
-__all__ = [
-    # _common
-    "Params",
-    # classification
-    "cross_entropy",
-    "symmetric_ce_loss",
-    "RESTRICTIONS",
-    "fedrs_class_scales",
-    "restricted_logits",
-    # correlation
-    "cross_correlation",
-    "fccm_loss",
-    "instance_similarity",
-    "fisl_loss",
-    # distillation
-    "kd_loss",
-    "fntd_loss",
-    "inter_domain_kd",
-    "intra_domain_kd",
-    "fccl_dual_distillation_loss",
-    "soft_target_loss",
-    "fedmd_digest_loss",
-    "mutual_learning_losses",
-    # regularization
-    "ewc_penalty",
-    "diagonal_fisher",
-    "prox_term",
-    # contrastive
-    "moon_contrastive_loss",
-    "fedproc_alpha",
-    "class_prototypes",
-    "prototype_contrastive_loss",
-    # consensus
-    "agreement_pseudo_labels",
-    "fedmatch_unlabeled_loss",
-    "rhfl_confidence_weights",
-    "weighted_kl_alignment",
-    "classwise_aggregate",
-    # h2l
-    "PROJECTIONS",
-    "project_gradient",
-    "confidence_weights",
-    "batch_accuracy",
-    "h2l_mutual_loss",
-    # domain
-    "MMD_BANDWIDTH_MULTIPLIERS",
-    "mmd2_rbf",
-    "two_stream_l2",
-    "ema",
-]
+from . import _common, classification, consensus, contrastive, correlation, distillation, domain, h2l, regularization
+
+# the public names are the ones each module declares (its own ``__all__``), not a third list kept by hand
+__all__ = [*_common.__all__, *classification.__all__, *correlation.__all__, *distillation.__all__,
+           *regularization.__all__, *contrastive.__all__, *consensus.__all__, *h2l.__all__, *domain.__all__]
