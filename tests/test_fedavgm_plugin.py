@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
-import subprocess
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -19,7 +16,7 @@ import yaml
 
 from helpers import pipeline_copy, tiny_grid
 from test_method_contract import _doc_plugin
-from test_plugins import _dist, _env, _job_pids, _run
+from test_plugins import _dist, _env, _kill_at_checkpoint, _run
 
 RUNS = "results/federate/rotmnist/photo_patches/{}/homo_lenet/seed0"
 
@@ -40,19 +37,7 @@ def test_fedavgm_from_extending_md_runs_resumes_and_is_reported_beside_fedavg(tm
 
     # kill -9 FedAvgM's job once it has checkpointed a round; Snakemake records the failure
     run_dir = root / RUNS.format("fedavgm")
-    ckpt = Path(f"{run_dir}.partial") / "checkpoint.pt"
-    proc = subprocess.Popen(f"snakemake --cores 1 {RUNS.format('fedavgm')}/metrics.json", cwd=root, env=env, shell=True,
-                            start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 300
-    while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.02)
-    victims = _job_pids(root, ["fedshift", "federate", "fedavgm"])
-    for pid in victims:
-        os.kill(pid, signal.SIGKILL)
-    out = proc.communicate(timeout=120)[0]
-    assert victims and proc.returncode != 0, out[-3000:]
-    assert ckpt.exists() and not (run_dir / "metrics.json").exists(), "the job was not stopped mid-run"
+    _kill_at_checkpoint(f"snakemake --cores 1 {RUNS.format('fedavgm')}/metrics.json", root, env, run_dir, "fedavgm")
 
     _run("snakemake --cores 2", root, env)  # the whole grid: FedAvgM resumes from its checkpoint, FedAvg runs beside it
     resumed = yaml.safe_load((run_dir / "metrics.json").read_text())["timings"]["resumed_after_rounds"]

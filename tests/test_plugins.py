@@ -139,6 +139,23 @@ def _job_pids(cwd: Path, words):
     return pids
 
 
+def _kill_at_checkpoint(cmd: str, root: Path, env, run_dir: Path, method: str) -> None:
+    """Run ``cmd`` (Snakemake) in ``root`` and kill -9 ``method``'s federate job once it has checkpointed a
+    round; asserts Snakemake recorded the failure and the job stopped mid-run (checkpoint, no metrics.json)."""
+    ckpt = Path(f"{run_dir}.partial") / "checkpoint.pt"
+    proc = subprocess.Popen(cmd, cwd=root, env=env, shell=True, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 300
+    while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.02)
+    victims = _job_pids(root, ["fedshift", "federate", method])
+    for pid in victims:
+        os.kill(pid, signal.SIGKILL)
+    out = proc.communicate(timeout=120)[0]
+    assert victims and proc.returncode != 0, out[-3000:]
+    assert ckpt.exists() and not (run_dir / "metrics.json").exists(), "the job was not stopped mid-run"
+
+
 @pytest.mark.slow
 def test_plugin_installed_by_pip_runs_through_snakemake_resumes_and_reports(tmp_path, tiny_data):
     # pip builds and installs the example package (its own pyproject) into a folder on PYTHONPATH
@@ -163,18 +180,7 @@ def test_plugin_installed_by_pip_runs_through_snakemake_resumes_and_reports(tmp_
 
     # kill -9 the plugin's job once it has checkpointed a round; Snakemake records the failure
     run_dir = root / "results/federate/rotmnist/photo_patches/fedprox_adaptive/homo_lenet/seed0"
-    ckpt = Path(f"{run_dir}.partial") / "checkpoint.pt"
-    proc = subprocess.Popen("snakemake --cores 1", cwd=root, env=env, shell=True, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    deadline = time.time() + 300
-    while not ckpt.exists() and proc.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    victims = _job_pids(root, ["fedshift", "federate", "fedprox_adaptive"])
-    for pid in victims:
-        os.kill(pid, signal.SIGKILL)
-    out = proc.communicate(timeout=120)[0]
-    assert victims and proc.returncode != 0, out[-3000:]
-    assert ckpt.exists() and not (run_dir / "metrics.json").exists(), "the job was not stopped mid-run"
+    _kill_at_checkpoint("snakemake --cores 1", root, env, run_dir, "fedprox_adaptive")
 
     _run("snakemake --cores 1", root, env)  # the same command again: the job resumes from its checkpoint
     metrics = yaml.safe_load((run_dir / "metrics.json").read_text())
