@@ -51,7 +51,7 @@ from fedshift.engine.fused import (federation_batches, optimizer_from_engine, tr
                                    weighted_mean_stacked)
 from fedshift.runner import build_models  # noqa: E402
 from fedshift.methods import create_method  # noqa: E402
-from fedshift.methods.fedavg import weighted_average  # noqa: E402
+from fedshift.engine.averaging import weighted_average  # noqa: E402
 from fedshift.models import create_model  # noqa: E402
 
 DIGITS_ARCHS = ["resnet10", "resnet12", "efficientnet_b0", "mobilenet_v2"]
