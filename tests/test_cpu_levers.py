@@ -63,19 +63,31 @@ def test_allocator_and_bf16_switches(monkeypatch):
     cpu.check_bf16(False, torch.device("cpu"))
 
 
-@pytest.mark.parametrize("target", ["all", "others_prev"])
-def test_one_graph_collaboration_equals_all_graphs(tiny_data, target):
-    """public_graphs: one gives the same updates as all graphs alive (BatchNorm + dropout models)."""
+@pytest.mark.parametrize("target,recompute", [("all", "auto"), ("others_prev", "auto"), ("all", True)])
+def test_one_graph_collaboration_equals_all_graphs(tiny_data, target, recompute):
+    """public_graphs: one gives the same updates as all graphs alive (BatchNorm + dropout models). With
+    recompute on every batch (true), EfficientNet's and MobileNet's checkpointed graphs are kept from the
+    first pass (no rerun) and LeNet's (nothing to checkpoint) is rerun: same updates again."""
     archs = ("efficientnet_b0_s1", "lenet", "mobilenet_v2")  # dropout + stochastic depth, no norm, BatchNorm
     states = {}
     for mode in ("all", "one"):
         fed = tiny_federation(tiny_data, archs + ("lenet",), public_graphs=mode, public_batch=32,
-                              channels_last=False)
+                              channels_last=False, recompute=recompute)
+        if recompute is True:
+            assert [c.model.recomputes(32) for c in fed.clients] == [True, False, True, False]
         m = create_method("fccl_plus" if target == "all" else "fccl", {"target": target, "init": "scratch"})
         m.setup(fed)
         fed.data.public = fed.data.public[:64]  # two public batches
+        calls = [0] * len(fed.clients)
+        for i, c in enumerate(fed.clients):
+            def counted(x, _f=c.model.forward_with_features, _i=i):
+                calls[_i] += 1
+                return _f(x)
+            c.model.forward_with_features = counted
         torch.manual_seed(5)
         metrics = m.collaborate(fed, 1)
+        if mode == "one":  # forward passes per participant over the two batches: 2 = graph kept, 4 = rerun
+            assert calls == ([2, 4, 2, 2] if recompute is True else [4, 4, 4, 2]), calls
         states[mode] = ([{k: v.clone() for k, v in c.model.state_dict().items()} for c in fed.clients], metrics,
                         torch.rand(3))
     (sa, ma, ra), (so, mo, ro) = states["all"], states["one"]

@@ -98,3 +98,7 @@ def test_metrics_say_how_this_machine_evaluated(tiny_data, tmp_path, bf16):
                                      and bf16_supported(torch.device("cpu")))
     assert numerics["eval_fold_bn"] is (cpu_kind() in ("avx512_bf16", "avx512", "avx2"))
     assert numerics["torch"] == torch.__version__
+    # engine.bf16_train: auto keeps LeNets in float32 (no gain measured, TRAIN_BF16_BY_FAMILY); a LeNet has
+    # no block to checkpoint, so it never recomputes
+    assert set(numerics["train_bf16"].values()) == {False}
+    assert len(numerics["train_bf16"]) == 4 and set(numerics["recompute_above_batch"].values()) == {None}

@@ -174,6 +174,20 @@ def count_profile(arch: str, image_shape: Tuple[int, int, int], num_classes: int
         model = create_model(arch, num_classes=num_classes, in_channels=image_shape[0], **kwargs)
         n = 1 if device == "meta" else 2  # a real BatchNorm1d cannot train on one sample
         x = torch.zeros((n, *image_shape))
+    model.train()
+    full, checkpointed = model_activations(model, x)
+    params = sum(p.numel() for p in model.parameters())
+    return params * 4 / 2**20, (checkpointed if recompute else full)
+
+
+def model_activations(model, x) -> Tuple[float, float]:
+    """(MB per sample without, with recompute) of ``model``'s counted activations: every leaf module's
+    output on the batch ``x``, 4 bytes an element; with recompute the blocks that ``run_blocks``
+    checkpoints keep only their outputs, plus the inner outputs of the largest single block while
+    the backward pass recomputes it. Runs ``model`` once under no_grad in its current mode (a live
+    participant in eval mode: no buffer or random state changes)."""
+    import torch
+
     out: Dict[int, int] = {}  # id(module) -> output numel
 
     def hook(module, _inputs, result):
@@ -192,23 +206,24 @@ def count_profile(arch: str, image_shape: Tuple[int, int, int], num_classes: int
     if real_run_blocks is not None:
         model.run_blocks = run_blocks
     try:
-        model.train()
-        with torch.no_grad():  # meta tensors: the counts do not depend on autograd
+        with torch.no_grad():  # the counts do not depend on autograd
             model(x)
     finally:
         for h in handles:
             h.remove()
+        if real_run_blocks is not None:
+            del model.run_blocks  # the instance attribute set above; the class's method is back
     leaves = [m for m in model.modules() if next(m.children(), None) is None]
-    if not recompute or not blocks:
-        per_sample = sum(out.get(id(m), 0) for m in leaves)
-    else:
+    full = sum(out.get(id(m), 0) for m in leaves)
+    checkpointed = full
+    if blocks:
         inside = {id(leaf) for b in blocks for leaf in b.modules()}
         kept = sum(out.get(id(m), 0) for m in leaves if id(m) not in inside) + sum(out.get(id(b), 0) for b in blocks)
         largest = max(sum(out.get(id(leaf), 0) for leaf in b.modules() if next(leaf.children(), None) is None)
                       for b in blocks)
-        per_sample = kept + largest
-    params = sum(p.numel() for p in model.parameters())
-    return params * 4 / 2**20, per_sample / n * 4 / 2**20
+        checkpointed = kept + largest
+    n = len(x)
+    return full / n * 4 / 2**20, checkpointed / n * 4 / 2**20
 
 
 def optimiser_slots(cfg: Mapping) -> int:
@@ -239,20 +254,61 @@ def folder_mb(paths: Iterable[Optional[Path]]) -> float:
 def estimate(archs: Sequence[str], image_shape: Tuple[int, int, int], *, copies: int = 1, local_batch: int,
              public_batch: int = 0, eval_batch: int = 256, all_graphs: bool = False, optimiser: int = 2,
              data_mb: float = 0.0, num_classes: int = 10, device: str = "cpu", norm: str = "default",
-             recompute: bool = True) -> MemoryEstimate:
+             recompute: bool = True, recompute_budget_mb: int = 0) -> MemoryEstimate:
     """The model above for one job: ``archs`` one per resident model (a pretraining job, or the
     shared model of ``engine.server_model``: one); ``copies``: the weight copies the method keeps
-    beyond the model (``Method.weight_copies``). ``keep`` is counted once per distinct architecture."""
+    beyond the model (``Method.weight_copies``). ``keep`` is counted once per distinct architecture.
+    ``recompute_budget_mb`` (``engine.recompute_budget_mb`` under ``recompute: auto``; 0: every batch
+    checkpointed): a batch whose activations fit it trains without checkpointing (:func:`batch_activations`)."""
     if device.startswith("cuda"):
         return MemoryEstimate(CUDA_BASE_MB, 2 * data_mb, 0.0, 0.0)
     prof = [arch_profile(a, tuple(image_shape), num_classes, norm, recompute) for a in archs]
+    full = [arch_profile(a, tuple(image_shape), num_classes, norm, False)[1] for a in archs] if recompute else \
+        [a for _, a in prof]
     slots = 1 + 1 + optimiser + copies + 1  # weights, grads, optimiser, copies, averaging/checkpoint
     weights = sum(w for w, _ in prof) * slots
-    per_sample = [a for _, a in prof]
-    local = local_batch * max(per_sample)
-    public = public_batch * (sum(per_sample) if all_graphs else max(per_sample)) if public_batch else 0.0
+
+    def act(i: int, batch: int) -> float:
+        return batch_activations(full[i], prof[i][1], batch, recompute, recompute_budget_mb)
+
+    n = range(len(archs))
+    local = max(act(i, local_batch) for i in n)
+    public = 0.0
+    if public_batch and all_graphs:
+        public = sum(act(i, public_batch) for i in n)
+    elif public_batch:  # one graph, plus the checkpointed participants' graphs kept from the first pass
+        ckpt = [i for i in n if recompute and prof[i][1] < full[i]
+                and (not recompute_budget_mb or full[i] * public_batch > recompute_budget_mb)]
+        first = sum(act(i, public_batch) for i in ckpt) + (0.0 if n[-1] in ckpt else act(n[-1], public_batch))
+        public = max(first, max(act(i, public_batch) for i in n))
     kept = KEEP_FACTOR * eval_batch * sum(a for _, a in dict(zip(archs, prof)).values())
     return MemoryEstimate(BASE_MB, data_mb, weights, ACT_FACTOR * max(local, public) + kept)
+
+
+def batch_activations(full: float, checkpointed: float, batch: int, recompute: bool, budget_mb: int) -> float:
+    """MB of one training batch's counted activations: ``full`` / ``checkpointed`` per sample (float32,
+    :func:`count_profile` without / with recompute). Under a budget (``engine.recompute_budget_mb``) a
+    batch that fits trains unchecked; one that does not is checkpointed, unless it fits at half size on a
+    node that trains in bf16 (``engine.bf16_train``, resolved per machine): the larger of the two counts,
+    since the planning machine does not know the node's CPU kind."""
+    whole = full * batch
+    if not recompute:
+        return whole
+    if budget_mb <= 0:
+        return checkpointed * batch
+    if whole <= budget_mb:
+        return whole
+    on_bf16 = whole / 2 if whole / 2 <= budget_mb else checkpointed * batch / 2
+    return max(checkpointed * batch, on_bf16)
+
+
+def _budget(section: Mapping) -> int:
+    """``recompute_budget_mb`` where ``recompute: auto`` applies it, else 0 (every batch checkpointed)."""
+    if section.get("recompute", "auto") != "auto":
+        return 0
+    from .engine.config import EngineConfig
+
+    return int(section.get("recompute_budget_mb", EngineConfig.recompute_budget_mb))
 
 
 def _device_of(section: Mapping, gpus: int) -> str:
@@ -332,7 +388,8 @@ def job_estimate(cfg: Mapping, gpus: int = 0, root: Path = Path(".")) -> MemoryE
                     eval_batch=_clamped(int(eng.get("eval_batch", 256)), test_n),
                     all_graphs=uses_public and graphs == "all",
                     optimiser=optimiser_slots(cfg), data_mb=data_mb, num_classes=num_classes,
-                    device=dev, norm=str(eng.get("norm", "default")), recompute=_recompute(eng, dev))
+                    device=dev, norm=str(eng.get("norm", "default")), recompute=_recompute(eng, dev),
+                    recompute_budget_mb=_budget(eng))
 
 
 def max_request_mb() -> int:

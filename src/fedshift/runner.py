@@ -48,7 +48,7 @@ from .data.loading import load_federated
 from . import provenance
 from .engine import checkpoint, fused
 from .engine.config import EngineConfig, PretrainConfig, check_cuda, malloc_keep_mb
-from .engine.cpu import bf16_on, check_bf16, cpu_kind, set_trim, tune_allocator
+from .engine.cpu import bf16_on, check_bf16, check_bf16_train, cpu_kind, set_trim, tune_allocator
 from .engine.federation import Federation, derive_seeds, resolve_device, summarise
 from .engine.loop import FederateJob, Progress, RunLoop, device_note
 from .engine.sampling import check_engine
@@ -230,6 +230,7 @@ def build_federate(cfg: Dict[str, Any], out_dir: Path, tracker) -> FederateJob:
     device = _setup_torch(eng.device, eng.threads, eng.deterministic, eng.malloc_tuning)
     set_trim(eng.malloc_trim)
     check_bf16(eng.bf16, device)
+    check_bf16_train(eng.bf16_train, device)
     seed = int(cfg["seed"])
     torch.manual_seed(seed)
     method = create_method(cfg["base_method"], cfg["method_params"], cfg["scenario"], f"methods.{cfg['method']}")
@@ -279,6 +280,19 @@ def eval_numerics(eng, device: torch.device, levers) -> Dict[str, Any]:
             "eval_fold_bn": bool(fold), "eval_channels_last": bool(channels_last), "torch": torch.__version__}
 
 
+def train_numerics(fed) -> Dict[str, Any]:
+    """How this machine trained each participant (``engine.bf16_train`` / ``recompute_budget_mb`` resolve
+    per CPU kind and model, issue 40): bf16 autocast of its training forwards, and the batch above
+    which its blocks were checkpointed (null: never)."""
+    seen: Dict[str, Any] = {"train_bf16": {}, "recompute_above_batch": {}}
+    for c in fed.clients:
+        m = c.model
+        seen["train_bf16"][c.name] = bool(getattr(m, "train_bf16", False))
+        above = int(getattr(m, "recompute_batch", 0))
+        seen["recompute_above_batch"][c.name] = above if getattr(m, "recompute", False) and above < sys.maxsize else None
+    return seen
+
+
 def publish_federate(job: FederateJob, loop: RunLoop, tracker) -> Dict[str, Any]:
     """metrics.json (headline, the method's model selection and summary), rounds.csv, models.pt, the method's
     artifacts: published atomically once the data are rechecked; the checkpoint area is then cleared."""
@@ -309,7 +323,7 @@ def publish_federate(job: FederateJob, loop: RunLoop, tracker) -> Dict[str, Any]
             states[id(c.model)] = checkpoint.module_state(c.model)
     models_pt = {"participants": {c.name: {"arch": c.arch, "state_dict": states[id(c.model)]} for c in fed.clients},
                  "scenario": cfg["scenario"], "run": cfg["run_name"]}
-    metrics["numerics"] = eval_numerics(eng, job.device, fed.eval_levers())
+    metrics["numerics"] = {**eval_numerics(eng, job.device, fed.eval_levers()), **train_numerics(fed)}
     tracker.set_tags({f"numerics.{k}": str(v) for k, v in metrics["numerics"].items()})
     provenance.recheck(job.record, cfg["run_name"], RERUN)  # data rebuilt during the run: publish nothing
     _write_outputs(job.out_dir, cfg, metrics, loop.all_rows, tracker, extra=method.artifacts,

@@ -54,8 +54,19 @@ class EngineConfig:
     malloc_tuning: Union[bool, int] = 64
     malloc_trim: bool = False  # glibc malloc_trim(0) at phase boundaries (engine/cpu.py release_memory): lower peak RSS, some page faults
     # activation checkpointing of the CNN blocks while training (FedModel.run_blocks): same gradients, less
-    # memory, one more forward per block; auto = on for CPU devices (memory-bound), off on CUDA
+    # memory, one more forward per block; auto = on for CPU devices (memory-bound) above recompute_budget_mb,
+    # off on CUDA; true = every batch
     recompute: Union[bool, Literal["auto"]] = "auto"
+    # ... but only for a training batch whose activations exceed this many MB (per participant and phase,
+    # counted as resources.count_profile counts them, halved under bf16_train): 0 = every batch. At 1024 the
+    # FCCL+ Digits round checkpoints MobileNetV2 always, EfficientNet-B0 at public batch 256 only, the
+    # ResNets at 256 only in float32 (benchmarks/bench_vs_reference.py, issue 40)
+    recompute_budget_mb: int = 1024
+    # bf16 autocast of the training-mode feature extractor (local and public steps, train-mode teachers):
+    # true needs hardware bf16 and applies to every model; auto = on for the avx512_bf16 CPU kind, for the
+    # model families measured to gain there (engine/cpu.py TRAIN_BF16_BY_FAMILY: ResNets 2.0x, MobileNetV2
+    # 1.2-1.8x; EfficientNet-B0 ran slower); false = float32 training on every kind
+    bf16_train: Union[bool, Literal["auto"]] = "auto"
     public_graphs: Literal["all", "one"] = "one"  # FCCL/FCCL+ collaborative step: every participant's autograd graph alive at once, or one (less memory, K-1 more forwards)
     last_k: int = 3  # headline = mean of the last 3 evaluated rounds (FCCL+ tables)
     # headline selection: "last_k" = mean of the last_k evaluations (FCCL+ tables); "best_val" = per participant,
@@ -110,7 +121,7 @@ class EngineConfig:
                 object.__setattr__(self, key, on if getattr(self, key) else "off")
             if getattr(self, key) not in allowed:
                 raise ValueError(f"{key} must be one of {allowed}, got {getattr(self, key)!r}")
-        for key in ("eval_fold_bn", "eval_channels_last", "bf16"):
+        for key in ("eval_fold_bn", "eval_channels_last", "bf16", "bf16_train"):
             if getattr(self, key) not in (True, False, "auto"):
                 raise ValueError(f"{key} must be true, false or auto, got {getattr(self, key)!r}")
         for key in ("rounds", "local_batch", "public_batch", "eval_every", "eval_batch", "last_k"):
@@ -121,6 +132,8 @@ class EngineConfig:
         if self.local_epochs < 0 or self.public_epochs < 0:
             raise ValueError("local_epochs and public_epochs must be >= 0")
         check_common(self)
+        if self.recompute_budget_mb < 0:
+            raise ValueError(f"recompute_budget_mb must be >= 0 (0: checkpoint every batch), got {self.recompute_budget_mb}")
         if self.checkpoint_every < 0:
             raise ValueError(f"checkpoint_every must be >= 0 (0: no checkpoints), got {self.checkpoint_every}")
         if self.checkpoint_min_s < 0:

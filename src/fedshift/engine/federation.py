@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import logging
+import sys
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Iterator, List, Optional
 
@@ -88,6 +89,31 @@ def quiet_layout_warning() -> None:
     warnings.filterwarnings("ignore", message=r".*do not obey the gradient layout contract", category=UserWarning)
 
 
+def set_training_levers(model: FedModel, arch: str, cfg: EngineConfig, device: torch.device, data) -> None:
+    """engine.recompute / recompute_budget_mb / bf16_train resolved for one participant's model (issue 40):
+    bf16 autocast of its training forwards (``model.train_bf16``) and the batch above which its blocks
+    are checkpointed (``model.recompute_batch``, from its activations per sample counted on the meta
+    device, halved under bf16)."""
+    from ..resources import model_activations
+    from .cpu import recompute_batch, train_bf16_on
+
+    model.train_bf16 = train_bf16_on(cfg.bf16_train, device, arch)
+    model.recompute = recompute_on(cfg.recompute, device)  # engine.recompute (activation checkpointing)
+    model.recompute_batch = 0
+    if not model.recompute:
+        return
+    # Counted on the live model (eval mode, no_grad, two blank samples: no buffer or random state moves),
+    # not on the meta device, whose first use imports torch's symbolic-shape machinery (~2 s a job).
+    was_training = model.training
+    model.eval()
+    per_sample, checkpointed = model_activations(model, torch.zeros((2, *data.image_shape)))
+    model.train(was_training)
+    if checkpointed >= per_sample:
+        model.recompute_batch = sys.maxsize  # no block to checkpoint (LeNet...): it never recomputes
+    elif cfg.recompute == "auto" and cfg.recompute_budget_mb > 0:
+        model.recompute_batch = recompute_batch(cfg.recompute_budget_mb, per_sample, model.train_bf16)
+
+
 class Federation:
     def __init__(self, data: FederatedData, models: List[FedModel], archs: List[str], cfg: EngineConfig,
                  seed: int, device: torch.device):
@@ -99,9 +125,9 @@ class Federation:
         fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
         if cfg.channels_last:  # expected: a channels_last weight gets a contiguous gradient from some kernels
             quiet_layout_warning()
-        for m in models:
+        for m, arch in zip(models, archs):
             if isinstance(m, FedModel):
-                m.recompute = recompute_on(cfg.recompute, device)  # engine.recompute (activation checkpointing)
+                set_training_levers(m, arch, cfg, device, data)
         self.clients = [
             Client(i, cd.name, cd.domain, arch, m.to(device, memory_format=fmt), cd,
                    torch.Generator().manual_seed(s))

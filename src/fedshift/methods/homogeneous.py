@@ -192,11 +192,13 @@ class AveragingMethod(ParameterAveraging, Method):
         and ``losses(outs)`` every participant's loss from the list of outputs, as
         :meth:`public_step`'s ``batch_losses`` would. Per public batch, participants
         0..K-2 first run without a graph (their outputs only feed the detached
-        targets), the last one with its graph; it steps; then each other participant
-        runs again with its graph and steps. The second pass sees the random state
+        targets), the last one with its graph, as does every participant whose blocks
+        are checkpointed at this batch (``engine.recompute``: its graph keeps only the
+        blocks' inputs); those step; then each other participant runs again with its
+        graph and steps. The second pass sees the random state
         (dropout) and the BatchNorm running statistics its first pass saw and leaves
         the running statistics as one pass would, so the losses, gradients and updates
-        are those of :meth:`public_step`, at the price of K-1 more forward passes.
+        are those of :meth:`public_step`, at the price of (at most) K-1 more forward passes.
         """
         clients = fed.clients
         cuda = fed.device.type == "cuda"
@@ -221,20 +223,27 @@ class AveragingMethod(ParameterAveraging, Method):
 
         for xb in fed.public_batches():
             last = len(clients) - 1
+            # Kept from the first pass: the last participant's graph, and that of every participant whose
+            # blocks are checkpointed at this batch (engine.recompute): its graph holds only the blocks'
+            # inputs, so running it once with the graph replaces the graph-free pass and the rerun.
+            keep = [i == last or _checkpointed(c.model, len(xb)) for i, c in enumerate(clients)]
             states, buffers, outs = [], [], []
             for i, c in enumerate(clients):
                 states.append(rng_state())
-                if i < last:
+                if keep[i]:
+                    buffers.append(None)
+                    outs.append(forward(c, xb))
+                else:
                     buffers.append([b.detach().clone() for b in c.model.buffers()])
                     with torch.no_grad():
                         outs.append(forward(c, xb))
-                else:
-                    outs.append(forward(c, xb))
             after = rng_state()
             detached = [_detach(o) for o in outs]
-            step(last, detached[:last] + [outs[last]])
+            for i in (i for i in range(len(clients)) if keep[i]):
+                step(i, detached[:i] + [outs[i]] + detached[i + 1:])
+                outs[i] = None  # its graph is freed once it has stepped
             del outs
-            for i in range(last):
+            for i in (i for i in range(last) if not keep[i]):
                 c = clients[i]
                 with torch.no_grad():
                     for b, saved in zip(c.model.buffers(), buffers[i]):
@@ -246,6 +255,12 @@ class AveragingMethod(ParameterAveraging, Method):
         release_memory()  # engine.malloc_trim
         means = (totals / max(steps, 1)).tolist()
         return {f"{c.name}/train/{key}": v for c, v in zip(clients, means)}
+
+def _checkpointed(model, batch: int) -> bool:
+    """Whether ``model``'s training forward at ``batch`` runs its blocks checkpointed (engine.recompute)."""
+    recomputes = getattr(model, "recomputes", None)
+    return bool(recomputes(batch)) if callable(recomputes) and model.training and torch.is_grad_enabled() else False
+
 
 def _detach(out):
     """Detach a tensor or a tuple/list of tensors."""

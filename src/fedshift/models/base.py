@@ -81,6 +81,12 @@ class FedModel(nn.Module):
     # engine.recompute: while training with autograd, keep only each block's input and recompute
     # its activations in the backward pass (activation checkpointing; see run_blocks).
     recompute: bool = False
+    # engine.recompute_budget_mb: checkpoint only batches larger than this (0: every batch), so a
+    # participant whose activations fit the budget at a phase's batch trains without recomputing.
+    recompute_batch: int = 0
+    # engine.bf16_train: the feature extractor's training-mode forward under bf16 autocast (CPU,
+    # hardware bf16); its output comes back as float32, so heads and losses stay float32.
+    train_bf16: bool = False
 
     def feature_map(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -92,7 +98,7 @@ class FedModel(nn.Module):
         in the backward. Same outputs and gradients (the recomputation replays the RNG state and
         leaves the BatchNorm running statistics as one forward left them); one more forward of
         each block per backward, for a fraction of the activation memory."""
-        if not (self.recompute and self.training and torch.is_grad_enabled()):
+        if not (self.recompute and self.training and torch.is_grad_enabled()) or len(x) <= self.recompute_batch:
             return seq(x)
         from torch.utils.checkpoint import checkpoint
 
@@ -111,7 +117,17 @@ class FedModel(nn.Module):
         # on CPU for channels_last maps.
         return fmap.mean((2, 3))
 
+    def recomputes(self, batch: int) -> bool:
+        """Whether a training step at ``batch`` samples runs its blocks under checkpointing."""
+        return bool(self.recompute) and batch > self.recompute_batch
+
     def features(self, x: torch.Tensor) -> torch.Tensor:
+        if self.train_bf16 and self.training:
+            # The same in a graph-recording pass and a no_grad pass (FCCL's one-graph step
+            # relies on both giving the same targets); evaluation (eval mode) is engine.bf16's.
+            with torch.autocast(x.device.type, dtype=torch.bfloat16):
+                fmap = self.feature_map(x)
+            return self.pool(fmap.float())
         return self.pool(self.feature_map(x))
 
     def classifier(self, h: torch.Tensor) -> torch.Tensor:
