@@ -279,8 +279,11 @@ def estimate(archs: Sequence[str], image_shape: Tuple[int, int, int], *, copies:
     elif public_batch:  # one graph, plus the checkpointed participants' graphs kept from the first pass
         ckpt = [i for i in n if recompute and prof[i][1] < full[i]
                 and (not recompute_budget_mb or full[i] * public_batch > recompute_budget_mb)]
-        first = sum(act(i, public_batch) for i in ckpt) + (0.0 if n[-1] in ckpt else act(n[-1], public_batch))
-        public = max(first, max(act(i, public_batch) for i in n))
+        held = act(n[-1], public_batch)  # the last participant's graph, then the others' while the budget holds
+        for i in ckpt:
+            if i != n[-1] and (not recompute_budget_mb or held + act(i, public_batch) <= recompute_budget_mb):
+                held += act(i, public_batch)
+        public = max(held, max(act(i, public_batch) for i in n))
     kept = KEEP_FACTOR * eval_batch * sum(a for _, a in dict(zip(archs, prof)).values())
     return MemoryEstimate(BASE_MB, data_mb, weights, ACT_FACTOR * max(local, public) + kept)
 

@@ -58,10 +58,12 @@ class EngineConfig:
     # off on CUDA; true = every batch
     recompute: Union[bool, Literal["auto"]] = "auto"
     # ... but only for a training batch whose activations exceed this many MB (per participant and phase,
-    # counted as resources.count_profile counts them, halved under bf16_train): 0 = every batch. At 1024 the
-    # FCCL+ Digits round checkpoints MobileNetV2 always, EfficientNet-B0 at public batch 256 only, the
-    # ResNets at 256 only in float32 (benchmarks/bench_vs_reference.py, issue 40)
-    recompute_budget_mb: int = 1024
+    # counted as resources.count_profile counts them, halved under bf16_train): 0 = every batch. The same
+    # budget caps the checkpointed graphs FCCL's one-graph step keeps alive at once. At 1280 the FCCL+
+    # Digits round (public 256, local 128) checkpoints EfficientNet-B0 and MobileNetV2 at 256, MobileNetV2
+    # at 128 in float32 only, ResNet12 at 256 in float32 only, and keeps EfficientNet's and MobileNet's
+    # checkpointed graphs together in the bf16 round only (benchmarks/bench_vs_reference.py, issue 40)
+    recompute_budget_mb: int = 1280
     # bf16 autocast of the training-mode feature extractor (local and public steps, train-mode teachers):
     # true needs hardware bf16 and applies to every model; auto = on for the avx512_bf16 CPU kind, for the
     # model families measured to gain there (engine/cpu.py TRAIN_BF16_BY_FAMILY: ResNets 2.0x, MobileNetV2

@@ -108,6 +108,7 @@ def set_training_levers(model: FedModel, arch: str, cfg: EngineConfig, device: t
     model.eval()
     per_sample, checkpointed = model_activations(model, torch.zeros((2, *data.image_shape)))
     model.train(was_training)
+    model.activation_mb = (per_sample, checkpointed)
     if checkpointed >= per_sample:
         model.recompute_batch = sys.maxsize  # no block to checkpoint (LeNet...): it never recomputes
     elif cfg.recompute == "auto" and cfg.recompute_budget_mb > 0:

@@ -192,9 +192,9 @@ class AveragingMethod(ParameterAveraging, Method):
         and ``losses(outs)`` every participant's loss from the list of outputs, as
         :meth:`public_step`'s ``batch_losses`` would. Per public batch, participants
         0..K-2 first run without a graph (their outputs only feed the detached
-        targets), the last one with its graph, as does every participant whose blocks
+        targets), the last one with its graph, as does each participant whose blocks
         are checkpointed at this batch (``engine.recompute``: its graph keeps only the
-        blocks' inputs); those step; then each other participant runs again with its
+        blocks' inputs) while the kept graphs fit ``engine.recompute_budget_mb``; those step; then each other participant runs again with its
         graph and steps. The second pass sees the random state
         (dropout) and the BatchNorm running statistics its first pass saw and leaves
         the running statistics as one pass would, so the losses, gradients and updates
@@ -226,7 +226,7 @@ class AveragingMethod(ParameterAveraging, Method):
             # Kept from the first pass: the last participant's graph, and that of every participant whose
             # blocks are checkpointed at this batch (engine.recompute): its graph holds only the blocks'
             # inputs, so running it once with the graph replaces the graph-free pass and the rerun.
-            keep = [i == last or _checkpointed(c.model, len(xb)) for i, c in enumerate(clients)]
+            keep = _kept_graphs(clients, len(xb), fed.cfg.recompute_budget_mb)
             states, buffers, outs = [], [], []
             for i, c in enumerate(clients):
                 states.append(rng_state())
@@ -255,6 +255,27 @@ class AveragingMethod(ParameterAveraging, Method):
         release_memory()  # engine.malloc_trim
         means = (totals / max(steps, 1)).tolist()
         return {f"{c.name}/train/{key}": v for c, v in zip(clients, means)}
+
+def _kept_graphs(clients, batch: int, budget_mb: int) -> List[bool]:
+    """Which participants keep their graph from the first pass of the one-graph step: the last one, and
+    each checkpointed one (in order) while the kept graphs' counted activations stay within ``budget_mb``
+    (``engine.recompute_budget_mb``; 0: no cap)."""
+    last = len(clients) - 1
+    keep = [i == last for i in range(len(clients))]
+    held = _graph_mb(clients[last].model, batch)
+    for i in range(last):
+        model = clients[i].model
+        if _checkpointed(model, batch):
+            mb = _graph_mb(model, batch)
+            if budget_mb <= 0 or held + mb <= budget_mb:
+                keep[i], held = True, held + mb
+    return keep
+
+
+def _graph_mb(model, batch: int) -> float:
+    graph_mb = getattr(model, "graph_mb", None)
+    return float(graph_mb(batch)) if callable(graph_mb) else 0.0
+
 
 def _checkpointed(model, batch: int) -> bool:
     """Whether ``model``'s training forward at ``batch`` runs its blocks checkpointed (engine.recompute)."""

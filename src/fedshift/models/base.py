@@ -87,6 +87,9 @@ class FedModel(nn.Module):
     # engine.bf16_train: the feature extractor's training-mode forward under bf16 autocast (CPU,
     # hardware bf16); its output comes back as float32, so heads and losses stay float32.
     train_bf16: bool = False
+    # (without, with recompute) MB of counted activations per training sample (resources.model_activations),
+    # set by the engine; (0, 0) = not counted
+    activation_mb: Tuple[float, float] = (0.0, 0.0)
 
     def feature_map(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
         raise NotImplementedError
@@ -120,6 +123,11 @@ class FedModel(nn.Module):
     def recomputes(self, batch: int) -> bool:
         """Whether a training step at ``batch`` samples runs its blocks under checkpointing."""
         return bool(self.recompute) and batch > self.recompute_batch
+
+    def graph_mb(self, batch: int) -> float:
+        """Counted MB of the activations a training step at ``batch`` keeps for its backward pass."""
+        full, checkpointed = self.activation_mb
+        return (checkpointed if self.recomputes(batch) else full) * batch / (2 if self.train_bf16 else 1)
 
     def features(self, x: torch.Tensor) -> torch.Tensor:
         if self.train_bf16 and self.training:
