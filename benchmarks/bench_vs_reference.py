@@ -20,8 +20,10 @@ from start to exit (interpreter, imports, data, models, round, evaluations).
 Configurations (``--configs``; each is ``defaults`` with one lever changed, except
 ``before``):
 
-    defaults      the engine defaults of this version (channels_last, recompute on CPU,
-                  malloc_tuning 64 MB, eval_batch 256, one graph; evaluation with BatchNorm
+    defaults      the engine defaults of this version (channels_last, recompute on CPU above
+                  recompute_budget_mb 1280, bf16 training forwards of the ResNets and MobileNetV2
+                  on the avx512_bf16 CPU kind (bf16_train: auto), malloc_tuning 64 MB,
+                  eval_batch 256, one graph; evaluation with BatchNorm
                   folded and, on the avx512_bf16 CPU kind, bf16 autocast: eval_fold_bn / bf16
                   auto, benchmarks/bench_eval.py) and no cross-correlation data (corr_every: 0:
                   the benchmark's tables, like the authors' run, compute no Fig. 8 data)
@@ -37,6 +39,11 @@ Configurations (``--configs``; each is ``defaults`` with one lever changed, exce
     trim          engine.malloc_trim: true (free heap pages returned at phase boundaries)
     no_cl         engine.channels_last: false
     no_recompute  engine.recompute: false (no activation checkpointing)
+    budget_1024 / budget_0   engine.recompute_budget_mb: 1024 / 0 (0: every batch checkpointed, as
+                  before issue 40)
+    malloc_64     engine.malloc_tuning: 64 (the default, named)
+    no_bf16_train engine.bf16_train: false (float32 training on every kind: on the avx512_bf16
+                  kind, what the AVX2 kind trains)
     bf16          engine.bf16: true (bf16 autocast in evaluation; needs AVX-512 BF16/AMX)
     no_bf16       engine.bf16: false (float32 evaluation on every CPU kind)
     no_fold       engine.eval_fold_bn: false (BatchNorm run as a layer in evaluation)
