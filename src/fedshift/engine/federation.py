@@ -94,7 +94,7 @@ def set_training_levers(model: FedModel, arch: str, cfg: EngineConfig, device: t
     bf16 autocast of its training forwards (``model.train_bf16``) and the batch above which its blocks
     are checkpointed (``model.recompute_batch``, from its activations per sample counted on the meta
     device, halved under bf16)."""
-    from ..resources import model_activations
+    from ..models.activations import model_activations
     from .cpu import recompute_batch, train_bf16_on
 
     model.train_bf16 = train_bf16_on(cfg.bf16_train, device, arch)

@@ -223,11 +223,14 @@ class AveragingMethod(ParameterAveraging, Method):
 
         for xb in fed.public_batches():
             last = len(clients) - 1
-            # Kept from the first pass: the last participant's graph, and that of every participant whose
-            # blocks are checkpointed at this batch (engine.recompute): its graph holds only the blocks'
-            # inputs, so running it once with the graph replaces the graph-free pass and the rerun.
+            # Kept from the first pass: the last participant's graph, and that of each participant whose
+            # blocks are checkpointed at this batch (engine.recompute) while the kept graphs fit the budget:
+            # its graph holds only the blocks' inputs, so running it once with the graph replaces the
+            # graph-free pass and the rerun.
             keep = _kept_graphs(clients, len(xb), fed.cfg.recompute_budget_mb)
-            states, buffers, outs = [], [], []
+            states: List[Any] = []
+            buffers: List[Optional[List[torch.Tensor]]] = []
+            outs: List[Any] = []
             for i, c in enumerate(clients):
                 states.append(rng_state())
                 if keep[i]:
@@ -246,7 +249,7 @@ class AveragingMethod(ParameterAveraging, Method):
             for i in (i for i in range(last) if not keep[i]):
                 c = clients[i]
                 with torch.no_grad():
-                    for b, saved in zip(c.model.buffers(), buffers[i]):
+                    for b, saved in zip(c.model.buffers(), buffers[i] or []):
                         b.copy_(saved)
                 set_rng_state(states[i])
                 step(i, detached[:i] + [forward(c, xb)] + detached[i + 1:])
