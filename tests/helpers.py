@@ -11,6 +11,21 @@ import yaml
 from fedshift.testing import tiny_federation
 
 
+def saved_bytes(fn):
+    """(bytes of the tensors autograd keeps for backward while ``fn`` runs, ``fn``'s result): independent
+    of the allocator."""
+    total = 0
+
+    def pack(t):
+        nonlocal total
+        total += t.numel() * t.element_size()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        out = fn()
+    return total, out
+
+
 def client_params(fed, i=0):
     """Participant ``i``'s parameters, flattened (to compare two runs' weights)."""
     return torch.cat([p.detach().flatten() for p in fed.clients[i].model.parameters()])

@@ -11,20 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from fedshift.models import create_model as build_model
-
-
-def saved_bytes(fn) -> int:
-    """Bytes of the tensors autograd keeps for backward while ``fn`` runs (independent of the allocator)."""
-    total = 0
-
-    def pack(t):
-        nonlocal total
-        total += t.numel() * t.element_size()
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        out = fn()
-    return total, out
+from helpers import saved_bytes
 
 
 def step(model, x, y):
