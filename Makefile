@@ -17,6 +17,10 @@ install: $(STAMP)  ## create .venv/ and install the pinned stack (about 3.5 min;
 # --isolated ignores PIP_FIND_LINKS and user pip config: torch must come from PyPI (see README).
 $(STAMP): requirements.lock pyproject.toml
 	@test -x $(PY) || python3 -m venv $(VENV)
+	@free=$$(df -Pk . | awk 'NR==2 {print int($$4 / 1048576)}'); if [ "$${free:-99}" -lt 9 ]; then \
+	  echo "warning: $${free} GB free on the disk of $(CURDIR); the pinned stack takes about 6 GB in $(VENV)/ and pip's" \
+	       "downloads about 3 GB more (torch's CUDA libraries), and the test suite writes about 6 GB under /tmp:" \
+	       "the install may stop with 'No space left on device'" >&2; fi
 	@echo "installing the pinned stack into $(VENV)/ (requirements.lock; about 3.5 min on 2 cores, most of it torch)"
 	set -o pipefail; env -u PIP_FIND_LINKS $(PY) -m pip install --isolated --no-input --disable-pip-version-check \
 	  --progress-bar off -r requirements.lock | { grep --line-buffered -E '^(Collecting|Successfully installed)' | cut -c1-100 || true; }
