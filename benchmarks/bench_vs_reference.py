@@ -56,6 +56,21 @@ Configurations (``--configs``; each is ``defaults`` with one lever changed, exce
                   5 rounds, here round 1), the extra cost a Fig. 8 grid pays
     graphs_all    engine.public_graphs: all (every participant's autograd graph alive in the
                   collaborative step: K-1 fewer forward passes, K times the activation memory)
+    omp_passive   the worker started with OMP_WAIT_POLICY=PASSIVE (OpenMP threads sleep at a
+                  barrier instead of spinning; read when torch loads, so it is the process's environment)
+    omp_active    the worker started with OMP_WAIT_POLICY=ACTIVE (threads always spin)
+    threads1      one torch thread whatever --threads says (two such runs share 2 cores)
+    f32_budget_0  float32 training with every batch checkpointed (bf16_train: false,
+                  recompute_budget_mb: 0): the budget's effect on the kind that trains in float32
+    issue14_settings   this version's code with issue 14's engine settings: float32 training and
+                  evaluation, every batch checkpointed, no BatchNorm folding (with corr_every 0: the
+                  first issue-14 commit's ``no_corr``), to tell a code change from a machine change
+    gomp_spin_10k the worker started with GOMP_SPINCOUNT=10000 (GNU OpenMP's spin before a waiting
+                  thread sleeps: 10,000 instead of its default 300,000 iterations)
+
+``--busy N`` runs N CPU-bound processes (a Python busy loop, at ``--busy-nice``) through every
+measured run, the authors' included, so that the sitting measures a shared node: the case of
+issue 40, where another process on the 2 cores made fedshift's OpenMP threads spin at barriers.
 
 ``--authors PATH`` runs the authors' FCCL+ code (a clone of github.com/WenkeHuang/FCCL that
 the user fetches; never vendored) on the same synthetic images in the same sitting, as one
@@ -126,6 +141,13 @@ CONFIGS: Dict[str, Dict] = {
     "no_bf16": {"engine": {"bf16": False}},
     "eval_before40": {"engine": {"eval_fold_bn": False, "bf16": False}},
     "graphs_all": {"engine": {"public_graphs": "all"}},
+    "omp_passive": {"env": {"OMP_WAIT_POLICY": "PASSIVE"}},
+    "omp_active": {"env": {"OMP_WAIT_POLICY": "ACTIVE"}},
+    "threads1": {"threads": 1},
+    "gomp_spin_10k": {"env": {"GOMP_SPINCOUNT": "10000"}},
+    "f32_budget_0": {"engine": {"bf16_train": False, "recompute_budget_mb": 0}},
+    "issue14_settings": {"engine": {"bf16_train": False, "recompute_budget_mb": 0, "eval_fold_bn": False,
+                                    "bf16": False}},
 }
 PHASES = ["eval0", "collab", "local", "corr", "eval"]
 
@@ -163,7 +185,7 @@ def worker(spec: Dict) -> Dict:
     from fedshift.methods import create_method
     from fedshift.models import get_structure
 
-    cfg = {**DEFAULTS, **spec["config"]}
+    cfg = {**DEFAULTS, **{k: v for k, v in spec["config"].items() if k in DEFAULTS}}
     eng = {"rounds": 1, "local_epochs": 1, "local_batch": 128, "public_batch": 256, "public_aug": "weak",
            "device": "cpu", "threads": spec["threads"], "eval_round0": False, **cfg["engine"]}
     ecfg = resolve(EngineConfig, eng, "engine")
@@ -201,19 +223,48 @@ def worker(spec: Dict) -> Dict:
 AUTHORS_RUN = "authors"  # the configuration name of the authors' code run in this sitting (--authors)
 
 
+BUSY_LOOP = "while True: pass"
+
+
+def start_busy(n: int, nice: int) -> List[subprocess.Popen]:
+    """``n`` CPU-bound processes at niceness ``nice``: the other tenants of a shared node."""
+    return [subprocess.Popen([sys.executable, "-c", BUSY_LOOP], preexec_fn=lambda: os.nice(nice))
+            for _ in range(n)]
+
+
+def stop_busy(procs: List[subprocess.Popen]) -> None:
+    for proc in procs:
+        proc.kill()
+    for proc in procs:
+        proc.wait()
+
+
 def run_one(name: str, args) -> Dict:
-    spec = {"config": CONFIGS.get(name, {}), "threads": args.threads, "sizes": QUICK if args.quick else FULL}
+    config = CONFIGS.get(name, {})
+    spec = {"config": config, "threads": config.get("threads", args.threads),
+            "sizes": QUICK if args.quick else FULL}
     if name == AUTHORS_RUN:
         spec["authors"] = str(args.authors)
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    t0 = time.perf_counter()
-    res = subprocess.run([sys.executable, __file__, "--worker", json.dumps(spec)], env=env, capture_output=True,
-                         text=True)
-    if res.returncode:
-        why = " (killed: out of memory?)" if res.returncode == -9 else ""
-        raise SystemExit(f"configuration {name!r} failed, exit status {res.returncode}{why}:\n{res.stderr[-3000:]}")
-    out = json.loads(res.stdout.strip().splitlines()[-1])
-    out["whole"] = {"wall": time.perf_counter() - t0, **{k: out["process"][k] for k in ("user", "sys", "rss_gb")}}
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
+               **config.get("env", {}))
+    busy = start_busy(args.busy, args.busy_nice)
+    copies = getattr(args, "copies", 1)
+    try:
+        t0 = time.perf_counter()
+        procs = [subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(spec)], env=env, text=True,
+                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(copies)]
+        outs = [proc.communicate() for proc in procs]
+        wall = time.perf_counter() - t0  # until the last copy ends: N jobs of a grid on one node
+    finally:
+        stop_busy(busy)
+    for proc, (_, err) in zip(procs, outs):
+        if proc.returncode:
+            why = " (killed: out of memory?)" if proc.returncode == -9 else ""
+            raise SystemExit(f"configuration {name!r} failed, exit status {proc.returncode}{why}:\n{err[-3000:]}")
+    out = json.loads(outs[0][0].strip().splitlines()[-1])  # the phases: the first copy's
+    out["whole"] = {"wall": wall, **{k: out["process"][k] for k in ("user", "sys", "rss_gb")}}
+    if copies > 1:
+        out["whole"]["rss_gb"] = sum(json.loads(o.strip().splitlines()[-1])["process"]["rss_gb"] for o, _ in outs)
     return out
 
 
@@ -283,6 +334,12 @@ def main(argv: List[str] | None = None) -> None:
     p.add_argument("--authors", type=Path, default=None, metavar="PATH",
                    help="a clone of github.com/WenkeHuang/FCCL (or its fccl+ folder): run the authors' FCCL+ code "
                         "on the same data in this sitting and print the ratio")
+    p.add_argument("--busy", type=int, default=0, metavar="N",
+                   help="N CPU-bound processes beside every measured run (a shared node; default 0: idle)")
+    p.add_argument("--busy-nice", type=int, default=0, metavar="K", help="their niceness (default 0; 19: lowest)")
+    p.add_argument("--copies", type=int, default=1, metavar="N",
+                   help="N copies of each configuration at once (N jobs of a grid on one node); `whole` is then the "
+                        "time until the last ends and peak RSS the sum; not with --authors (2 x 16 GB)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
@@ -295,6 +352,8 @@ def main(argv: List[str] | None = None) -> None:
         else:
             print(json.dumps(worker(spec)))
         return
+    if args.copies < 1 or (args.copies > 1 and args.authors is not None):
+        p.error(f"--copies {args.copies}: must be 1 or more, and 1 with --authors (each authors' run takes 16 GB)")
     if args.authors is not None:
         sys.path.insert(0, str(Path(__file__).resolve().parent))
         from authors_fccl_plus import fccl_plus_folder
@@ -309,6 +368,13 @@ def main(argv: List[str] | None = None) -> None:
           f"{os.cpu_count()} cores, CPU capability {torch.backends.cpu.get_cpu_capability()}, "
           f"{args.threads} threads, load {os.getloadavg()[0]:.1f} at start; median of {args.repeats} run(s) "
           f"per configuration, alternating\n", flush=True)
+    if args.copies > 1:
+        print(f"{args.copies} copies of each configuration side by side: `whole` is the time until the last ends "
+              "(jobs per hour = copies x 3600 / whole), peak RSS their sum; the phases are the first copy's\n",
+              flush=True)
+    if args.busy:
+        print(f"shared node: {args.busy} busy-loop process(es) at nice {args.busy_nice} beside every run "
+              "(the authors' included)\n", flush=True)
     if args.authors is not None:
         from fedshift.tracking import git_commit  # '-dirty' would show that their checkout was modified
 

@@ -121,10 +121,12 @@ def test_headline_metric_is_the_report_tables_number():
     assert logged["headline/avg/inter/top1"] == pytest.approx(logged["table/AVG_inter"] / 100)
 
 
-def test_summary_logs_timings_device_and_environment(store):
+def test_summary_logs_timings_device_and_environment(store, monkeypatch):
     from fedshift.tracking import environment_params, job_run, log_job_summary
 
     root, client = store
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # how the job's OpenMP threads waited: explains its times
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
     with job_run(_cfg(), "federate", root=root) as t:
         t.log_params(environment_params())
         log_job_summary(t, {"headline": {"avg/inter/top1": 0.4, "avg/intra/top1": 0.585694442},
@@ -138,6 +140,7 @@ def test_summary_logs_timings_device_and_environment(store):
 
     assert p["env.torch"] == torch.__version__ and p["env.device"] == "cpu" and run.data.tags["device"] == "cpu"
     assert p["env.cuda_available"] == str(torch.cuda.is_available())
+    assert p["env.omp_wait_policy"] == "PASSIVE" and p["env.gomp_spincount"] == "unset"
 
 
 def test_pretrain_runs_have_their_own_experiment(store):

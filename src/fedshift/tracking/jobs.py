@@ -186,6 +186,10 @@ def log_job_summary(tracker, metrics: Mapping[str, Any], scenario: str, wall_s: 
     import torch
 
     params = {"env.device": device, "env.torch_threads": str(torch.get_num_threads())}
+    # GNU OpenMP reads these when torch loads; they decide how a job's threads wait at a barrier and so
+    # its time on a shared node (README, "Shared nodes"): recorded beside the timings they explain.
+    for var in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT"):
+        params[f"env.{var.lower()}"] = os.environ.get(var, "unset")
     if device.startswith("cuda"):
         params["env.device_name"] = torch.cuda.get_device_name(torch.device(device))
     tracker.log_params(params)
