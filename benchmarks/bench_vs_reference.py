@@ -96,6 +96,7 @@ import resource
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Dict, List
@@ -249,14 +250,22 @@ def run_one(name: str, args) -> Dict:
                **config.get("env", {}))
     busy = start_busy(args.busy, args.busy_nice)
     copies = getattr(args, "copies", 1)
+    # Each copy writes to its own files: N pipes read one after the other could fill and stall a copy.
+    files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(copies)]
     try:
         t0 = time.perf_counter()
         procs = [subprocess.Popen([sys.executable, __file__, "--worker", json.dumps(spec)], env=env, text=True,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(copies)]
-        outs = [proc.communicate() for proc in procs]
+                                  stdout=out, stderr=err) for out, err in files]
+        for proc in procs:
+            proc.wait()
         wall = time.perf_counter() - t0  # until the last copy ends: N jobs of a grid on one node
     finally:
         stop_busy(busy)
+    outs = []
+    for out, err in files:
+        out.seek(0), err.seek(0)
+        outs.append((out.read(), err.read()))
+        out.close(), err.close()
     for proc, (_, err) in zip(procs, outs):
         if proc.returncode:
             why = " (killed: out of memory?)" if proc.returncode == -9 else ""

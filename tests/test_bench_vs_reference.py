@@ -70,12 +70,13 @@ def test_a_configuration_sets_the_workers_environment_and_threads(monkeypatch):
     seen = []
 
     class FakeWorker:  # the worker itself is minutes of both cores; its arguments are the point here
-        def __init__(self, cmd, env, **kw):
+        def __init__(self, cmd, env, stdout, stderr, **kw):
             seen.append((json.loads(cmd[-1]), env))
+            stdout.write(json.dumps({"process": {"user": 1.0, "sys": 0.0, "rss_gb": 1.5}}) + "\n")
             self.returncode = 0
 
-        def communicate(self):
-            return json.dumps({"process": {"user": 1.0, "sys": 0.0, "rss_gb": 1.5}}) + "\n", ""
+        def wait(self):
+            return self.returncode
 
     monkeypatch.setattr(bvr.subprocess, "Popen", FakeWorker)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
