@@ -249,7 +249,7 @@ def run_one(name: str, args) -> Dict:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src") + os.pathsep + os.environ.get("PYTHONPATH", ""),
                **config.get("env", {}))
     busy = start_busy(args.busy, args.busy_nice)
-    copies = getattr(args, "copies", 1)
+    copies = args.copies
     # Each copy writes to its own files: N pipes read one after the other could fill and stall a copy.
     files = [(tempfile.TemporaryFile("w+"), tempfile.TemporaryFile("w+")) for _ in range(copies)]
     try:

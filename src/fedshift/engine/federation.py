@@ -92,8 +92,8 @@ def quiet_layout_warning() -> None:
 def set_training_levers(model: FedModel, arch: str, cfg: EngineConfig, device: torch.device, data) -> None:
     """engine.recompute / recompute_budget_mb / bf16_train resolved for one participant's model (issue 40):
     bf16 autocast of its training forwards (``model.train_bf16``) and the batch above which its blocks
-    are checkpointed (``model.recompute_batch``, from its activations per sample counted on the meta
-    device, halved under bf16)."""
+    are checkpointed (``model.recompute_batch``, from its activations per sample counted on the live
+    model, halved under bf16)."""
     from ..models.activations import model_activations
     from .cpu import recompute_batch, train_bf16_on
 

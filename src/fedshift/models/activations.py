@@ -1,7 +1,5 @@
-"""Counted activation memory of a model: what ``engine.recompute_budget_mb`` and the job memory model
-(``fedshift.resources``) read. Every leaf module's output on a small batch, 4 bytes an element; with
-recompute, the blocks ``FedModel.run_blocks`` checkpoints keep only their outputs, plus the inner
-outputs of the largest single block while the backward pass recomputes it."""
+"""Counted activation memory of a model (:func:`model_activations`): what ``engine.recompute_budget_mb``
+and the job memory model (``fedshift.resources``) read."""
 
 from __future__ import annotations
 
