@@ -37,10 +37,10 @@ def run_method(root, params, method, rounds, archs, **engine):
 
     fed = tiny_federation(root, archs, public_aug="none", **engine)
     m = create_method(method, params)
-    m.setup(fed)
+    fed.setup(m)
     for r in range(1, rounds + 1):
         fed.round = r
-        m.run_round(fed, r)
+        fed.run_round(r)
     return fed, m
 
 

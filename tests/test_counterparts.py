@@ -195,10 +195,10 @@ def make_fed(tiny_data):
 def _run(make_fed, name, params=None, rounds=(1,), fed=None):
     fed = fed or make_fed(name)
     m = create_method(name, params)
-    m.setup(fed)
+    fed.setup(m)
     for r in rounds:
         fed.round = r
-        m.run_round(fed, r)
+        fed.run_round(r)
     return fed, m
 
 
@@ -214,18 +214,18 @@ def test_restored_method_behaves_identically(make_fed, name):
     def resumed(with_state):
         fed_b = make_fed(name)
         m_b = create_method(name)
-        m_b.setup(fed_b)
+        fed_b.setup(m_b)
         copy_engine_state(fed_a, fed_b)  # what the engine restores itself
         if with_state:
             m_b.load_state_dict(state)
         fed_b.round = 2
-        m_b.run_round(fed_b, 2)
+        fed_b.run_round(2)
         return _weights(fed_b)
 
     restored = resumed(True)
     fresh = resumed(False) if name in STATEFUL else None
     fed_a.round = 2
-    m_a.run_round(fed_a, 2)
+    fed_a.run_round(2)
     for a, b in zip(_weights(fed_a), restored):
         assert torch.equal(a, b)
     if fresh is not None:  # the state matters: without it round 2 differs
@@ -257,7 +257,7 @@ def test_moon_contrastive_term_from_round_two(make_fed):
     torch.manual_seed(0)
     avg1 = _weights(_run(make_fed, "fedavg", fed=make_fed("moon"))[0])
     assert all(torch.allclose(a, b) for a, b in zip(avg1, _weights(fed)))  # round 1: no previous model yet
-    m.run_round(fed, 2)
+    fed.run_round(2)
     assert all(torch.allclose(a, b) for a, b in zip(avg, off))
     assert _differs(avg, _weights(fed))
 
@@ -314,9 +314,9 @@ def test_fedmatch_switches(make_fed):
         torch.manual_seed(0)
         fed = make_fed("fedmatch")
         m = create_method("fedmatch", params)
-        m.setup(fed)
+        fed.setup(m)
         before = _weights(fed)
-        m.collaborate(fed, 1)
+        m.collaborate(fed.ctx)
         return before, _weights(fed), m
 
     before, after, _ = colla({"confidence": 1.0})  # nothing confident: no update
@@ -334,7 +334,7 @@ def test_rhfl_confidence_weights_follow_private_losses(make_fed):
     assert m.prev_losses is not None and len(m.prev_losses) == 2
     before = list(m.prev_losses)
     fed.round = 2
-    metrics = m.run_round(fed, 2)
+    metrics = fed.run_round(2)
     expect = L.rhfl_confidence_weights(before, m.prev_losses, 0.5)
     assert [metrics["m0/train/confidence"], metrics["m20/train/confidence"]] == pytest.approx(expect.tolist())
     torch.manual_seed(0)
@@ -349,13 +349,13 @@ def test_rcfl_distils_toward_aggregated_scores_from_round_two(make_fed):
     torch.testing.assert_close(m.scores.sum(1), torch.ones(128))
     before = _weights(fed)
     fed.round = 2
-    metrics = m.collaborate(fed, 2)
+    metrics = m.collaborate(fed.ctx)
     assert _differs(before, _weights(fed)) and "m0/train/distill_loss" in metrics
     m0 = create_method("rcfl", {"distill_epochs": 0})
-    m0.setup(fed)
+    fed.setup(m0)
     m0.load_state_dict(m.state_dict())
     before = _weights(fed)
-    assert m0.collaborate(fed, 2) == {} and not _differs(before, _weights(fed))
+    assert m0.collaborate(fed.ctx) == {} and not _differs(before, _weights(fed))
 
 
 
@@ -369,7 +369,7 @@ def test_rcfl_distillation_stops_on_a_non_finite_target(make_fed):
     m.scores[0] = float("nan")
     fed.round = 2
     with pytest.raises(NonFiniteError, match=r"participant m0, round 2, term distill_loss"):
-        m.collaborate(fed, 2)
+        m.collaborate(fed.ctx)
 
 # ------------------------------------------------------------------ grids
 
@@ -421,7 +421,7 @@ def test_moon_teacher_bn_switch(make_fed, teacher_bn):
         h, logits = model_c.forward_with_features(xb)
         want = F.cross_entropy(logits, yb) + m.p.mu * L.moon_contrastive_loss(
             h, glob_c.features(xb), prev_c.features(xb), m.p.tau)
-    got = m.local_loss(fed, c, xb, yb, 0)
+    got = m.local_loss(fed.ctx, c, xb, yb, 0)
     torch.testing.assert_close(got.detach(), want, rtol=1e-5, atol=1e-6)
     assert prev.training == train and glob.training == train
     moved = any(not torch.equal(stats[k], v) for k, v in prev.state_dict().items() if k in stats)

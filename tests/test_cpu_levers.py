@@ -76,7 +76,7 @@ def test_one_graph_collaboration_equals_all_graphs(tiny_data, target, recompute)
         if recompute is True:
             assert [c.model.recomputes(32) for c in fed.clients] == [True, False, True, False]
         m = create_method("fccl_plus" if target == "all" else "fccl", {"target": target, "init": "scratch"})
-        m.setup(fed)
+        fed.setup(m)
         fed.data.public = fed.data.public[:64]  # two public batches
         calls = [0] * len(fed.clients)
         for i, c in enumerate(fed.clients):
@@ -85,7 +85,7 @@ def test_one_graph_collaboration_equals_all_graphs(tiny_data, target, recompute)
                 return _f(x)
             c.model.forward_with_features = counted
         torch.manual_seed(5)
-        metrics = m.collaborate(fed, 1)
+        metrics = m.collaborate(fed.ctx)
         if mode == "one":  # forward passes per participant over the two batches: 2 = graph kept, 4 = rerun
             assert calls == ([2, 4, 2, 2] if recompute is True else [4, 4, 4, 2]), calls
         states[mode] = ([{k: v.clone() for k, v in c.model.state_dict().items()} for c in fed.clients], metrics,

@@ -62,8 +62,8 @@ def one_round(root, method, params, archs=HETERO, **engine):
     torch.manual_seed(0)
     fed = small_federation(root, archs, **engine)
     m = create_method(method, params)
-    m.setup(fed)
-    m.run_round(fed, 1)
+    fed.setup(m)
+    fed.run_round(1)
     return torch.cat([flat(c.model) for c in fed.clients])
 
 
@@ -95,7 +95,7 @@ def test_collaborative_loss_uses_the_target(tiny_data, method, target):
     """3 participants, one public batch: the logged loss is FCCM (+ omega*FISL for FCCL+) toward the target."""
     fed = small_federation(tiny_data, ("lenet", "simple_cnn", "lenet"), public=128, public_batch=128)
     m = create_method(method, {"target": target})
-    m.setup(fed)
+    fed.setup(m)
     fed.public_gen.manual_seed(7)
     x = next(fed.public_batches())
     outs = [c.model.forward_with_features(x) for c in fed.clients]
@@ -116,7 +116,7 @@ def test_collaborative_loss_uses_the_target(tiny_data, method, target):
             expect = expect + 3.0 * fisl_loss(instance_similarity(outs[i][0], 0.02), st)
         c.state["expect"] = float(expect.detach())
     fed.public_gen.manual_seed(7)
-    got = m.collaborate(fed, 1)
+    got = m.collaborate(fed.ctx)
     for c in fed.clients:
         assert got[f"{c.name}/train/colla_loss"] == pytest.approx(c.state["expect"], rel=1e-4)
 
@@ -195,8 +195,8 @@ def test_kd_ratio_switches_from_kd_to_fntd_at_the_right_epoch(tiny_data, monkeyp
     monkeypatch.setattr(mod, "fntd_loss", lambda *a, **k: calls.append("fntd") or fntd_loss(*a, **k))
     fed = small_federation(tiny_data, ("lenet",), local_epochs=4, local_batch=32)  # 64 images: 2 steps per epoch
     m = create_method("fccl_plus", {"kd_ratio": 0.5})
-    m.setup(fed)
-    m.local_update(fed, 1)
+    fed.setup(m)
+    m.local_update(fed.ctx)
     assert calls == ["kd"] * 4 + ["fntd"] * 4
 
 
@@ -205,16 +205,16 @@ def test_fccl_local_loss_is_ce_plus_two_kls(tiny_data):
     torch.manual_seed(0)
     fed = small_federation(tiny_data, HETERO)
     m = create_method("fccl")
-    m.setup(fed)
-    m.run_round(fed, 1)  # the previous-round model now differs from the pretrained one
-    m.collaborate(fed, 2)
+    fed.setup(m)
+    fed.run_round(1)  # the previous-round model now differs from the pretrained one
+    m.collaborate(fed.ctx)
     c = fed.clients[0]
     assert not same_state(c.state["prev"], c.state["pretrained"])
     x, y = c.data.get("private")
     x, y = normalize(x[:32]), y[:32]
     m._mode = "dual"
     c.state["teacher"] = c.state["prev"]
-    got = m.local_loss(fed, c, x, y, 0)
+    got = m.local_loss(fed.ctx, c, x, y, 0)
     logits = c.model(x)
     with torch.no_grad():
         p_prev = F.softmax(c.state["prev"](x), dim=1)
@@ -236,9 +236,9 @@ def test_fccl_plus_without_fntd_uses_eq19_with_the_base_checkpoint(tiny_data):
     fed.base_models = base
     m = create_method("fccl_plus", {"fntd": False})
     assert m.p.init == "scratch" and type(m).needs_base(m.p)
-    m.setup(fed)
+    fed.setup(m)
     start = copy.deepcopy(fed.clients[0].model)
-    m.run_round(fed, 1)
+    fed.run_round(1)
     c = fed.clients[0]
     assert same_state(c.state["pretrained"], base[0])  # theta^* = the BASE model ...
     assert not same_state(c.state["pretrained"], start)  # ... not the (random) starting model
@@ -246,7 +246,7 @@ def test_fccl_plus_without_fntd_uses_eq19_with_the_base_checkpoint(tiny_data):
     assert not type(m).needs_base(create_method("fccl_plus").p)  # FNTD needs no BASE model
     fed2 = small_federation(tiny_data, HETERO)
     m2 = create_method("fccl_plus")
-    m2.setup(fed2)
+    fed2.setup(m2)
     assert "pretrained" not in fed2.clients[0].state  # FNTD keeps no extra copy
 
 
@@ -255,9 +255,9 @@ def test_teacher_snapshot(tiny_data, teacher):
     """Fig. 9: FNTD's teacher is the model before (previous) or after (collaborated) the collaborative step."""
     fed = small_federation(tiny_data, HETERO)
     m = create_method("fccl_plus", {"teacher": teacher})
-    m.setup(fed)
+    fed.setup(m)
     before = [copy.deepcopy(c.model) for c in fed.clients]
-    m.collaborate(fed, 1)
+    m.collaborate(fed.ctx)
     after = [copy.deepcopy(c.model) for c in fed.clients]
     seen = {}
     orig = m.local_loss
@@ -267,7 +267,7 @@ def test_teacher_snapshot(tiny_data, teacher):
         return orig(fed_, client, x, y, step)
 
     m.local_loss = spy
-    m.local_update(fed, 1)
+    m.local_update(fed.ctx)
     for c, b, a in zip(fed.clients, before, after):
         t = seen[c.name]
         assert same_state(t, b if teacher == "previous" else a)
@@ -278,7 +278,7 @@ def test_teacher_snapshot(tiny_data, teacher):
 def test_ewc_anchor_and_fisher(tiny_data):
     fed = small_federation(tiny_data, HETERO)
     m = create_method("fccl_plus", {"local_distill": "ewc"})
-    m.setup(fed)
+    fed.setup(m)
     c = fed.clients[0]
     anchor, fisher = c.state["ewc"]
     assert all(torch.equal(a, p) for a, p in zip(anchor, c.model.parameters()))
@@ -287,7 +287,7 @@ def test_ewc_anchor_and_fisher(tiny_data):
     x, y = normalize(x[:32]), y[:32]
     m._mode = "ewc"
     c.model.eval()  # same BatchNorm statistics in both evaluations
-    assert float(m.local_loss(fed, c, x, y, 0).detach()) == pytest.approx(float(F.cross_entropy(c.model(x), y).detach()), rel=1e-6)
+    assert float(m.local_loss(fed.ctx, c, x, y, 0).detach()) == pytest.approx(float(F.cross_entropy(c.model(x), y).detach()), rel=1e-6)
 
 
 # ------------------------------------------------------------------ homogeneous mode
@@ -310,16 +310,16 @@ def test_homogeneous_averaging_position(tiny_data, method, setting, order):
     fed = small_federation(tiny_data, HOMO)
     m = create_method(method, {"homogeneous_averaging": setting, "init": "base"})
     start = [copy.deepcopy(c.model) for c in fed.clients]
-    m.setup(fed)
+    fed.setup(m)
     assert _identical(fed) == (setting != "none")  # averaging runs start from participant 0's weights
     if method == "fccl":  # the teachers are each participant's own start (taken before the sync)
         assert all(same_state(c.state["pretrained"], s) for c, s in zip(fed.clients, start))
-    m.run_round(fed, 1)  # local training makes the models differ again
+    fed.run_round(1)  # local training makes the models differ again
     seen = []
     orig_local, orig_avg = m.local_update, m.average
     m.local_update = lambda f, r: seen.append(("local", _identical(f))) or orig_local(f, r)
     m.average = lambda f: seen.append(("average", _identical(f))) or orig_avg(f)
-    m.run_round(fed, 2)
+    fed.run_round(2)
     assert [name for name, _ in seen] == order
     if order[0] == "average":  # before local updating: averaged after the collaborative step
         assert not seen[0][1] and seen[1][1] and not _identical(fed)
@@ -332,7 +332,7 @@ def test_homogeneous_averaging_position(tiny_data, method, setting, order):
 def test_averaging_needs_a_homogeneous_federation(tiny_data):
     fed = small_federation(tiny_data, HETERO)
     m = create_method("fccl_plus")  # auto: nothing to average on heterogeneous participants
-    m.setup(fed)
+    fed.setup(m)
     assert m.averaging is None
     for method in ("fccl_plus", "fccl", "feddf"):
         with pytest.raises(ConfigError, match="homogeneous_averaging"):
@@ -345,7 +345,7 @@ def test_averaging_needs_a_homogeneous_federation(tiny_data):
 def test_persistent_optimizer_follows_lr_decay(tiny_data):
     fed = small_federation(tiny_data, HETERO, rounds=10, lr_decay=True, public_lr=1e-3)
     m = create_method("fccl_plus", {"fresh_optimizer": False})
-    m.setup(fed)
+    fed.setup(m)
     c = fed.clients[0]
     fed.round = 1
     opt = m.public_optimizer(fed, c)
@@ -360,7 +360,7 @@ def test_fresh_optimizer_equals_a_new_adam(tiny_data):
     """Clearing the state each batch gives exactly the steps of a new Adam per batch."""
     fed = small_federation(tiny_data, ("lenet",))
     m = create_method("fccl_plus")
-    m.setup(fed)
+    fed.setup(m)
     model = fed.clients[0].model
     twin = copy.deepcopy(model)
     x = normalize(fed.data.public[:32])
@@ -389,14 +389,14 @@ def test_feddf_target_is_the_mean_of_softened_predictions(tiny_data):
     # in the collaborative step: one public batch, loss = T² KL(mean softmax(z_j/T) || softmax(z_i/T))
     fed = small_federation(tiny_data, HETERO, public_batch=128)
     m = create_method("feddf", {"tau": T})
-    m.setup(fed)
+    fed.setup(m)
     fed.public_gen.manual_seed(3)
     x = next(fed.public_batches())
     zs = [c.model(x) for c in fed.clients]
     target = sum(F.softmax(v.detach() / T, dim=1) for v in zs) / 2
     expect = [float(soft_target_loss(v, target, T).detach()) for v in zs]
     fed.public_gen.manual_seed(3)
-    got = m.collaborate(fed, 1)
+    got = m.collaborate(fed.ctx)
     for c, e in zip(fed.clients, expect):
         assert got[f"{c.name}/train/distill_loss"] == pytest.approx(e, rel=1e-4)
 
@@ -407,10 +407,10 @@ def test_feddf_target_is_the_mean_of_softened_predictions(tiny_data):
 def test_cross_correlation_artifacts(tiny_data, tmp_path):
     fed = small_federation(tiny_data, HETERO, rounds=2)
     m = create_method("fccl_plus", {"corr_every": 2, "corr_samples": 64})
-    m.setup(fed)
-    m.after_round(fed, 1)  # not a multiple of 2 and not the last round
+    fed.setup(m)
+    m.after_round(fed.ctx)  # not a multiple of 2 and not the last round
     assert not m._corr
-    m.after_round(fed, 2)
+    m.after_round(fed.ctx)
     m.artifacts(tmp_path)
     npz = np.load(tmp_path / "cross_correlation.npz")
     assert list(npz["rounds"]) == [2] and list(npz["participants"]) == ["m0", "m20"]
@@ -421,8 +421,8 @@ def test_cross_correlation_artifacts(tiny_data, tmp_path):
     empty = tmp_path / "none"
     empty.mkdir()
     m2 = create_method("fccl_plus", {"corr_every": 0})  # off: no artifact
-    m2.setup(fed)
-    m2.after_round(fed, 2)
+    fed.setup(m2)
+    m2.after_round(fed.ctx)
     m2.artifacts(empty)
     assert not list(empty.iterdir())
 

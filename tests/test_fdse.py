@@ -263,7 +263,7 @@ def test_three_rounds_in_float64_equal_the_reimplementation(monkeypatch, protoco
                                momentum=0.0, clients_per_round=sampled, norm=norm)
     p = {"lmbd": 0.05, "tau": 0.5, "beta": 0.05, "eval_models": protocol}
     m = create_method("fdse", p)
-    m.setup(fed)
+    fed.setup(m)
     for c in fed.clients:
         c.model.double()
     m.shared = {k: v.double() for k, v in m.shared.items()}
@@ -278,7 +278,7 @@ def test_three_rounds_in_float64_equal_the_reimplementation(monkeypatch, protoco
     # its update is pure round-off (~1e-11) magnified by the unit normalisation: hence atol 1e-9
     for r in (1, 2, 3):
         fed.round = r
-        metrics = m.run_round(fed, r)
+        metrics = fed.run_round(r)
         assert all(math.isfinite(v) for v in metrics.values())
         chosen = fed.sampled.get(r, range(3))
         assert len(chosen) == (sampled or 3)
@@ -306,11 +306,11 @@ def test_the_regulariser_changes_the_second_round(monkeypatch):
     def run(lmbd):
         fed = synthetic_federation(2, per_client=10, server_model=False, local_batch=5, momentum=0.0)
         m = create_method("fdse", {"lmbd": lmbd})
-        m.setup(fed)
+        fed.setup(m)
         out = []
         for r in (1, 2):
             fed.round = r
-            out.append(m.run_round(fed, r))
+            out.append(fed.run_round(r))
         return out
     a, b = run(0.0), run(0.05)
     assert a[0] == b[0] and a[1] != b[1]  # round 1 has no regulariser (algorithm/fdse.py:253)
@@ -326,7 +326,7 @@ def test_restored_from_state_dict_round_three_is_bit_identical(tiny_data, tmp_pa
     def build():
         fed = tiny_federation(tiny_data, ("lenet", "lenet"), rounds=3, public_aug="none", **engine)
         method = create_method("fdse", params)
-        method.setup(fed)
+        fed.setup(method)
         return fed, method
 
     (_, m1), (_, m2) = resumed_round_three(build, tmp_path / "state.pt")
@@ -343,7 +343,7 @@ def test_refusals(tiny_data):
     assert "domain-skew erasers" in m.per_client_state
     assert create_method("fdse", {"eval_models": "global"}).supports_sampling
     fed = tiny_federation(tiny_data, ("lenet", "lenet"))
-    m.setup(fed)
+    fed.setup(m)
     with pytest.raises(ValueError, match="unknown keys"):
         m.load_state_dict({"protos": torch.zeros(1)})
 

@@ -73,7 +73,7 @@ def test_ema():
 def test_server_smooths_lambda_with_ema(op):
     fed = synthetic_federation(4, clients_per_round=2)
     m = create_method(f"fedfusion_{op}", {"ema_decay": 0.8})
-    m.setup(fed)
+    fed.setup(m)
     g = {k: v.clone() for k, v in fed.clients[0].model.state_dict().items()}
     avg = {k: v + 1.0 if v.is_floating_point() else v for k, v in g.items()}
     new = m.aggregate(fed, dict(avg), g)
@@ -81,7 +81,7 @@ def test_server_smooths_lambda_with_ema(op):
     torch.testing.assert_close(new["base.head.weight"], avg["base.head.weight"])  # the rest: plain average
     conv = create_method("fedfusion_conv")
     conv_fed = synthetic_federation(4, clients_per_round=2)
-    conv.setup(conv_fed)
+    conv_fed.setup(conv)
     g = conv_fed.clients[0].model.state_dict()
     avg = {k: v + 1.0 for k, v in g.items()}
     assert torch.equal(conv.aggregate(conv_fed, dict(avg), g)["fusion.weight"], avg["fusion.weight"])  # no EMA
@@ -91,16 +91,16 @@ def test_server_smooths_lambda_with_ema(op):
 def test_local_loss_fuses_with_frozen_global_extractor(op):
     fed = synthetic_federation(3)
     m = create_method(f"fedfusion_{op}")
-    m.setup(fed)
+    fed.setup(m)
     c = fed.clients[0]
     assert isinstance(c.model, FusedModel) and all(cl.model is c.model for cl in fed.clients)
     g_state = {k: v.clone() for k, v in c.model.state_dict().items()}
-    m.begin_round(fed, 1, g_state)
+    m.begin_round(fed.ctx, 1, g_state)
     with torch.no_grad():
         for p in c.model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     x, y = next(fed.private_batches(c))
-    loss = m.local_loss(fed, c, x, y, 0)
+    loss = m.local_loss(fed.ctx, c, x, y, 0)
     with torch.no_grad():
         glob_map = m.global_net.base.feature_map(x)
         ref_global = create_model("lenet", num_classes=10, in_channels=1)
@@ -119,12 +119,12 @@ def test_state_dict_round_trip_resumes_identically(op):
     def fresh():
         fed = synthetic_federation(6, clients_per_round=2)
         meth = create_method(f"fedfusion_{op}")
-        meth.setup(fed)
+        fed.setup(meth)
         return fed, meth
 
     fed, m = fresh()
     fed.round = 1
-    m.run_round(fed, 1)
+    fed.run_round(1)
     weights = {k: v.clone() for k, v in fed.clients[0].model.state_dict().items()}
     gens = [c.generator.get_state() for c in fed.clients]
     sample_state, state = fed.sample_gen.get_state(), m.state_dict()
@@ -137,7 +137,7 @@ def test_state_dict_round_trip_resumes_identically(op):
     fed2.sample_gen.set_state(sample_state)
     for f, meth in ((fed, m), (fed2, m2)):
         f.round = 2
-        meth.run_round(f, 2)
+        f.run_round(2)
     for k, v in fed.clients[0].model.state_dict().items():
         assert torch.equal(v, fed2.clients[0].model.state_dict()[k]), k
     assert not torch.equal(weights["base.head.weight"], fed.clients[0].model.state_dict()["base.head.weight"])

@@ -152,7 +152,7 @@ def test_each_switch_changes_the_result(tiny_data, switch):
 def test_e_gt_1_projects_against_the_sum_of_local_gradients(tiny_data, monkeypatch):
     fed = tiny_federation(tiny_data, LENET4, public_aug="none")
     m = create_method("fedh2l", {"E": 3})
-    m.setup(fed)
+    fed.setup(m)
     local, seen = [], []
     orig_after, orig_proj = m.after_local, fedh2l_mod.project_gradient
 
@@ -168,11 +168,11 @@ def test_e_gt_1_projects_against_the_sum_of_local_gradients(tiny_data, monkeypat
     monkeypatch.setattr(m, "after_local", after_local)
     monkeypatch.setattr(fedh2l_mod, "project_gradient", proj)
     for r in (1, 2):
-        m.run_round(fed, r)
+        fed.run_round(r)
     assert not seen  # no global step before round E
-    m.run_round(fed, 3)
+    fed.run_round(3)
     assert len(seen) == 4 and torch.allclose(seen[1], local[0] + local[1] + local[2])
-    m.run_round(fed, 4)
+    fed.run_round(4)
     assert torch.allclose(m.nodes[1].gloc, local[3])  # restarted after the global step
 
 
@@ -193,13 +193,13 @@ def test_state_dict_round_trip_resumes_identically(tiny_data):
     saved = torch.load(buf, weights_only=True)
     fed2 = tiny_federation(tiny_data, LENET4, public_aug="none", seed=1)  # other init: all must come from the state
     m2 = create_method("fedh2l", params)
-    m2.setup(fed2)
+    fed2.setup(m2)
     for c, s in zip(fed2.clients, saved["models"]):
         c.model.load_state_dict(s)
     m2.load_state_dict(saved["method"])
     for r in (4, 5, 6):
         fed.round = fed2.round = r
-        out1, out2 = m.run_round(fed, r), m2.run_round(fed2, r)
+        out1, out2 = fed.run_round(r), fed2.run_round(r)
         assert out1 == out2
     for i in range(4):
         assert torch.equal(_params(fed, i), _params(fed2, i))
@@ -217,18 +217,18 @@ def test_baselines_round_trip_and_data(tiny_data, name):
     for c, c2 in zip(fed.clients, fed2.clients):
         c2.model.load_state_dict(c.model.state_dict())
     m2.load_state_dict(state)
-    m.run_round(fed, 3)
-    m2.run_round(fed2, 3)
+    fed.run_round(3)
+    fed2.run_round(3)
     assert torch.equal(_params(fed), _params(fed2))
-    assert m.run_summary(fed)["communication"]["bytes_total"] == 0
+    assert m.run_summary(fed.ctx)["communication"]["bytes_total"] == 0
 
 
 def test_logging_only_every_k_rounds(tiny_data):
     fed = tiny_federation(tiny_data, ("lenet", "lenet"), public_aug="none")
     m = create_method("fedh2l", {"log_every": 2})
-    m.setup(fed)
-    assert m.run_round(fed, 1) == {}
-    out = m.run_round(fed, 2)
+    fed.setup(m)
+    assert fed.run_round(1) == {}
+    out = fed.run_round(2)
     assert {"m0/train/local_loss", "m0/train/kl", "m0/train/ce", "m20/train/conflict"} <= set(out)
     assert 0 <= out["m0/train/conflict"] <= 1
 

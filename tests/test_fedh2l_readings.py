@@ -64,10 +64,10 @@ def _run64(tiny_data, params, monkeypatch, rounds=3):
     for c in fed.clients:
         c.model.double()
     m = create_method("fedh2l", params)
-    m.setup(fed)
+    fed.setup(m)
     for r in range(1, rounds + 1):
         fed.round = r
-        m.run_round(fed, r)
+        fed.run_round(r)
     return fed
 
 
@@ -140,12 +140,12 @@ def test_fused_steps_of_the_nodes_equal_sequential(tiny_data, method, params, mo
         for c in fed.clients:  # before setup: the flat gradient buffers and AMSGrad states follow the dtype
             c.model.double()
         m = create_method(method, {"log_every": 2, **params})
-        m.setup(fed)
+        fed.setup(m)
         fused.decide_for_run(fed, m)
         logs = {}
         for r in range(1, 5):
             fed.round = r
-            logs.update(m.run_round(fed, r))
+            logs.update(fed.run_round(r))
         return fed, m, logs
 
     seq, ms, ls = run("off")

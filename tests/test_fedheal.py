@@ -138,7 +138,7 @@ def test_three_rounds_in_float64_equal_the_reimplementation(monkeypatch, sampled
     fed = synthetic_federation(4, per_client=12, server_model=False, local_batch=5, local_epochs=2, lr=0.1,
                                momentum=0.0, clients_per_round=sampled)
     m = create_method("fedheal", {"threshold": 0.3, "beta": 0.4})
-    m.setup(fed)
+    fed.setup(m)
     for c in fed.clients:
         c.model.double()
     model = copy.deepcopy(fed.clients[0].model)
@@ -148,7 +148,7 @@ def test_three_rounds_in_float64_equal_the_reimplementation(monkeypatch, sampled
     ref = RefHEAL(0.3, 0.4)
     for r in (1, 2, 3):
         fed.round = r
-        metrics = m.run_round(fed, r)
+        metrics = fed.run_round(r)
         chosen = fed.sampled.get(r, range(4))
         assert len(chosen) == (sampled or 4)
         global_w = ref.round(global_w, model, [(fed.clients[i].name, fed.clients[i], gens[i]) for i in chosen], 2, 5,
@@ -172,7 +172,7 @@ def test_restored_from_state_dict_round_three_is_bit_identical(tiny_data, tmp_pa
     def build():
         fed = tiny_federation(tiny_data, ("lenet", "lenet"), rounds=3, public_aug="none", **engine)
         method = create_method(name, params)
-        method.setup(fed)
+        fed.setup(method)
         return fed, method
 
     (_, method), (_, method2) = resumed_round_three(build, tmp_path / "state.pt")
@@ -186,7 +186,7 @@ def test_restored_from_state_dict_round_three_is_bit_identical(tiny_data, tmp_pa
 def test_unknown_state_keys_are_refused(tiny_data):
     fed = tiny_federation(tiny_data, ("lenet", "lenet"))
     m = create_method("fedheal")
-    m.setup(fed)
+    fed.setup(m)
     with pytest.raises(ValueError, match="unknown keys.*protos"):
         m.load_state_dict({"protos": torch.zeros(1)})
 
@@ -196,7 +196,7 @@ def test_init_base_starts_every_participant_from_one_average(tiny_data):
     fed = tiny_federation(tiny_data, ("lenet", "lenet"))
     a, b = (dict(c.model.state_dict()) for c in fed.clients)
     m = create_method("fedheal", {"init": "base", "weighting": "uniform"})
-    m.setup(fed)
+    fed.setup(m)
     for k, v in fed.clients[0].model.state_dict().items():
         assert torch.equal(v, fed.clients[1].model.state_dict()[k])
         if torch.is_floating_point(v):
@@ -210,10 +210,10 @@ def test_fpl_heal_is_fpls_clients_under_fedheals_server():
         fed = synthetic_federation(4, per_client=12, server_model=False, local_batch=5, local_epochs=2, lr=0.1,
                                    momentum=0.0)
         m = create_method(name, {"tau": 0.5} if "fpl" in name else {})
-        m.setup(fed)
+        fed.setup(m)
         for r in range(1, rounds + 1):
             fed.round = r
-            m.run_round(fed, r)
+            fed.run_round(r)
         return fed.clients[0].model.state_dict(), m
 
     both, m = run("fpl_heal", 1)

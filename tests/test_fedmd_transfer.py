@@ -29,7 +29,7 @@ def _fed_and_method(root, params, **engine):
     fed = tiny_federation(root, ("lenet", "lenet"), public_aug="none", local_batch=16, public_batch=16, **engine)
     m = create_method("fedmd", {**TRANSFER, **params})
     fed.method_name = "fedmd"
-    m.setup(fed)
+    fed.setup(m)
     return fed, m
 
 
@@ -97,17 +97,17 @@ def test_transfer_runs_once_before_round_one(tiny_data, monkeypatch):
     fed, m = _fed_and_method(tiny_data, {"transfer_epochs": 1, "transfer_private_epochs": 1})
     for r in (1, 2, 3):
         fed.round = r
-        out = m.run_round(fed, r)
+        out = fed.run_round(r)
         assert ("m0/train/transfer_public_loss" in out) == (r == 1)
     assert calls == [1] and m.state_dict() == {"transferred": True}
     # Off by default: no phase, no state (checkpoints of runs without it are unchanged).
     fed0, m0 = _fed_and_method(tiny_data, {})
     fed0.round = 1
-    m0.run_round(fed0, 1)
+    fed0.run_round(1)
     assert calls == [1] and m0.state_dict() == {}
     fed1, m1 = _fed_and_method(tiny_data, {"transfer_epochs": 1})
     fed1.round = 1
-    m1.run_round(fed1, 1)
+    fed1.run_round(1)
     assert not torch.equal(client_params(fed0, 0), client_params(fed1, 0))  # the phase changed round 1
 
 

@@ -80,16 +80,16 @@ def test_params_defaults_and_l2_variant():
 def test_local_loss_is_ce_plus_lambda_penalty_against_frozen_global(name, penalty):
     fed = synthetic_federation(3)
     m = create_method(name, {"lam": 0.5})
-    m.setup(fed)
+    fed.setup(m)
     g_state = {k: v.clone() for k, v in fed.clients[0].model.state_dict().items()}
-    m.begin_round(fed, 1, g_state)
+    m.begin_round(fed.ctx, 1, g_state)
     c = fed.clients[0]
     with torch.no_grad():  # move the local model away from the global one
         for p in c.model.parameters():
             p.add_(0.05 * torch.randn_like(p))
     x, y = next(fed.private_batches(c))
     c.model.eval()  # no dropout, so both sides see the same forward
-    loss = m.local_loss(fed, c, x, y, 0)
+    loss = m.local_loss(fed.ctx, c, x, y, 0)
     local = c.model(x)
     glob = torch.func.functional_call(c.model, g_state, (x,))
     expected = F.cross_entropy(local, y) + 0.5 * penalty(glob, local)
@@ -118,18 +118,18 @@ def test_state_dict_round_trip_resumes_identically(name):
     """Weights + RNG streams + method.state_dict() after round 1 give the same round 2."""
     fed = synthetic_federation(6, clients_per_round=2)
     m = create_method(name)
-    m.setup(fed)
+    fed.setup(m)
     fed.round = 1
-    m.run_round(fed, 1)
+    fed.run_round(1)
     snap, state = _snapshot(fed), m.state_dict()
     fed2 = synthetic_federation(6, clients_per_round=2)
     m2 = create_method(name)
-    m2.setup(fed2)
+    fed2.setup(m2)
     m2.load_state_dict(state)
     _restore(fed2, snap)
     for f, meth in ((fed, m), (fed2, m2)):
         f.round = 2
-        meth.run_round(f, 2)
+        f.run_round(2)
     assert fed.sampled[2] == fed2.sampled[2]
     for k, v in fed.clients[0].model.state_dict().items():
         assert torch.equal(v, fed2.clients[0].model.state_dict()[k]), k

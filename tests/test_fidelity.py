@@ -36,9 +36,9 @@ def test_local_optimiser_lives_for_the_whole_round(tiny_data, monkeypatch, name,
     archs = ("lenet", "lenet")
     fed = tiny_federation(tiny_data, archs, local_epochs=3, public_aug="none")
     m = create_method(name, params)
-    m.setup(fed)
+    fed.setup(m)
     fed.round = 1
-    m.run_round(fed, 1)
+    fed.run_round(1)
     per_epoch = {c.name: len(list(fed.private_batches(c))) for c in fed.clients}
     assert len(made) == len(fed.clients)  # one per participant and round
     for c, (model, opt) in zip(fed.clients, made):

@@ -174,7 +174,7 @@ def test_two_rounds_in_float64_equal_the_reimplementation(monkeypatch, sampled):
     fed = synthetic_federation(8, per_client=12, server_model=False, local_batch=5, local_epochs=2, lr=0.05,
                                momentum=0.0, clients_per_round=sampled)
     m = create_method("fpl", {"tau": 0.5})
-    m.setup(fed)
+    fed.setup(m)
     for c in fed.clients:
         c.model.double()
     model = copy.deepcopy(fed.clients[0].model)
@@ -183,7 +183,7 @@ def test_two_rounds_in_float64_equal_the_reimplementation(monkeypatch, sampled):
     glob, most = None, 0
     for r in (1, 2):
         fed.round = r
-        m.run_round(fed, r)
+        fed.run_round(r)
         chosen = fed.sampled.get(r, range(8))
         assert len(chosen) == (sampled or 8)
         sel = [(fed.clients[i], gens[i]) for i in chosen]
@@ -212,7 +212,7 @@ def test_restored_from_state_dict_round_three_is_bit_identical(tiny_data, tmp_pa
     def build():
         fed = tiny_federation(tiny_data, ("lenet", "lenet"), rounds=3, public_aug="none", **engine)
         method = create_method("fpl", params)
-        method.setup(fed)
+        fed.setup(method)
         return fed, method
 
     (_, method), (_, method2) = resumed_round_three(build, tmp_path / "state.pt")

@@ -27,11 +27,11 @@ def one_round(method: str, mode: str, optimizer: str = "sgd"):
                                momentum=0.9, lr=0.05)
     params = {"mu": 0.5} if method == "fedprox" else {}
     m = create_method(method, params)
-    m.setup(fed)  # FedFusion wraps the models here: float64 after it
+    fed.setup(m)  # FedFusion wraps the models here: float64 after it
     for model in [c.model for c in fed.clients] + [getattr(m, "global_net", fed.clients[0].model)]:
         model.double()
     fused.decide_for_run(fed, m)
-    metrics = m.run_round(fed, 1)
+    metrics = fed.run_round(1)
     return fed, metrics
 
 
@@ -65,9 +65,9 @@ def test_the_round_changes_the_model(monkeypatch):
         m.double()
     before = {k: v.clone() for k, v in fed.clients[0].model.state_dict().items()}
     m = create_method("fedavg")
-    m.setup(fed)
+    fed.setup(m)
     fused.decide_for_run(fed, m)
-    m.run_round(fed, 1)
+    fed.run_round(1)
     assert fed.fused_rounds == 1
     assert any(not torch.equal(before[k], v) for k, v in fed.clients[0].model.state_dict().items())
 
@@ -203,13 +203,13 @@ def test_fused_equals_sequential_under_eval_models_local(method, monkeypatch):
     def run(mode):
         fed = synthetic_federation(4, server_model=False, local_epochs=2, fused_clients=mode, lr=0.05)
         m = create_method(method, {"eval_models": "local", **({"mu": 0.5} if method == "fedprox" else {})})
-        m.setup(fed)
+        fed.setup(m)
         for c in fed.clients:
             c.model.double()
         fused.decide_for_run(fed, m)
         for r in (1, 2):
             fed.round = r
-            m.run_round(fed, r)
+            fed.run_round(r)
         return fed
 
     seq, fus = run("off"), run("on")

@@ -10,7 +10,7 @@ its own layer from another unit and nothing above:
     2 data, models
     3 tracking
     4 engine (round loop, evaluation, checkpoints), report (tables, figures)
-    5 methods (stand on the engine)
+    5 methods (stand on the engine), scoring (the grid's scoring registry: what an evaluation adds)
     6 runner (the composition: builds data, models and method from a config, drives the engine),
       resources (the memory a job needs, from its config: SLURM's mem_mb)
     7 experiments (the grid)
@@ -35,7 +35,7 @@ LAYERS = {
     "fedshift.data": 2, "fedshift.models": 2,
     "fedshift.tracking": 3, "fedshift.provenance": 3,
     "fedshift.engine": 4, "fedshift.report": 4,
-    "fedshift.methods": 5,
+    "fedshift.methods": 5, "fedshift.scoring": 5,
     "fedshift.runner": 6, "fedshift.resources": 6,
     "fedshift.experiments": 7,
     "fedshift.tune": 8,

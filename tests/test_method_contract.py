@@ -1,18 +1,25 @@
 """The method contract is declared on `Method` (issue 35 item 1): every attribute and hook the runner,
-engine and resources read has a default there, and nothing reads one with getattr."""
+engine and resources read has a default there, and nothing reads one with getattr. The engine's side
+(issue 49): a method sees the engine only through its round context, every name of which is documented."""
 
 from __future__ import annotations
 
+import ast
 import re
 
 from conftest import REPO
+from fedshift.engine.context import FIELDS, RoundContext
 from fedshift.methods import METHODS, create_method
 from fedshift.methods.base import Method
 
 CONTRACT = ("supports_sampling", "supports_server_model", "per_client_state", "fused_auto_devices",
-            "fused_objective", "run_summary", "artifacts", "init_from", "eval_protocol", "weight_copies",
+            "fused_objective", "run_summary", "artifacts", "init_from", "weight_copies", "requires", "requirements",
             "public_graphs", "steps_on_peer_batches", "requires_homogeneous", "uses_public", "state_dict",
-            "load_state_dict", "evaluation_extras", "select_headline", "tracked_metrics")
+            "load_state_dict", "server_step", "prototype_scores", "setup", "collaborate", "local_update",
+            "local_loss", "after_round", "run_round")
+# the methods' code (a plugin's own tests drive a federation: they are not method code)
+METHOD_FILES = sorted((REPO / "src/fedshift/methods").glob("*.py")) + sorted(
+    p for p in (REPO / "examples").rglob("*.py") if not p.name.startswith("test_"))
 
 
 def test_every_contract_name_has_a_default_on_method():
@@ -20,8 +27,13 @@ def test_every_contract_name_has_a_default_on_method():
     assert not missing, missing
     m = create_method("base")
     assert (m.supports_sampling, m.supports_server_model, m.per_client_state, m.fused_auto_devices,
-            m.fused_objective, m.run_summary(None), m.init_from, m.eval_protocol) == (
-        False, False, "", None, None, {}, "scratch", "global")
+            m.fused_objective, m.run_summary(None), m.init_from, m.prototype_scores(None)) == (
+        False, False, "", None, None, {}, "scratch", None)
+    assert m.server_step(None, {}, {}) is None  # no server: every participant keeps its model
+    req = m.requirements()
+    assert (req.optimizer, req.momentum, req.public, req.base) == (None, None, False, False)
+    assert create_method("fccl").requirements().base and create_method("fedmd").requirements().public
+    assert create_method("scaffold").requirements().optimizer == "sgd"
 
 
 def test_no_getattr_on_a_method_for_a_contract_name():
@@ -36,7 +48,49 @@ def test_built_in_methods_keep_the_declared_types():
         m = create_method(name)
         assert isinstance(m.supports_sampling, bool) and isinstance(m.supports_server_model, bool), name
         assert isinstance(m.per_client_state, str), name
-        assert m.init_from in ("scratch", "base") and m.eval_protocol in ("global", "local"), name
+        assert m.init_from in ("scratch", "base"), name
+
+
+def _ctx_names(path):
+    """Every ``<x>.<name>`` of the file whose ``<x>`` is a hook's context (``ctx``, ``self._ctx``), with its line."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute):
+            base = ast.unparse(node.value)
+            if base in ("ctx", "self._ctx"):
+                yield node.lineno, node.attr
+
+
+def test_methods_and_examples_read_only_the_documented_round_context():
+    """Issue 49: the round context is the only door from the engine to a method. Every name a method of
+    fedshift/methods or examples/ reads on it is a documented field (FIELDS, printed in docs/extending.md),
+    every field exists on RoundContext, and no file names the federation (``fed.``) or takes it as ``fed``."""
+    used, undocumented, fed_names = set(), [], []
+    for path in METHOD_FILES:
+        for line, name in _ctx_names(path):
+            used.add(name)
+            if name not in FIELDS:
+                undocumented.append(f"{path.relative_to(REPO)}:{line}: ctx.{name}")
+        for i, text in enumerate(path.read_text().splitlines(), 1):
+            code = text.split("#")[0]
+            if re.search(r"\bfed\.\w|\(self, fed\b|\bfed\)|_fed\b", code):
+                fed_names.append(f"{path.relative_to(REPO)}:{i}: {text.strip()}")
+    assert not undocumented, undocumented
+    assert not fed_names, fed_names
+    assert used >= {"participants", "trained", "steps", "lr", "train_participants", "to_all", "average"}
+    missing = [n for n in FIELDS if not hasattr(RoundContext, n) and n not in ("trained",)]
+    assert not missing, missing
+    doc = (REPO / "docs/extending.md").read_text()
+    table = doc[doc.index("## The round context"):doc.index("## The method hooks")]
+    assert [n for n in FIELDS if not re.search(rf"`{n}[`(]", table)] == []
+
+
+def test_no_method_file_names_a_scoring_protocol():
+    """Which models are scored is the grid's (scoring.eval_models): no method file mentions it, nor
+    imports FedH2L's pooled metrics (Method knows no paper's metric)."""
+    hits = [f"{p.relative_to(REPO)}:{i}" for p in METHOD_FILES for i, line in enumerate(p.read_text().splitlines(), 1)
+            if "eval_models" in line or "pooled" in line and "import" in line]
+    assert not hits, hits
 
 
 def _doc_plugin():
@@ -77,12 +131,12 @@ def _fed64(monkeypatch):
 def _rounds(method, fed, n):
     from fedshift.engine import fused
 
-    method.setup(fed)
+    fed.setup(method)
     fused.decide_for_run(fed, method)
     out = []
     for r in range(1, n + 1):
         fed.round = r
-        method.run_round(fed, r)
+        fed.run_round(r)
         out.append({k: v.clone() for k, v in fed.clients[0].model.state_dict().items()})
     return out
 
@@ -113,6 +167,6 @@ def test_the_fedavgm_of_extending_md_is_20_lines_and_computes_server_momentum(mo
     torch.save(m.state_dict(), buf)
     buf.seek(0)
     fresh = FedAvgM(resolve(FedAvgM.Params, {"beta": 0.9}, "methods.fedavgm"))
-    fresh.setup(_fed64(monkeypatch))
+    _fed64(monkeypatch).setup(fresh)
     fresh.load_state_dict(torch.load(buf, weights_only=True))
     assert fresh.v.keys() == m.v.keys() and all(torch.equal(fresh.v[k], m.v[k]) for k in m.v)

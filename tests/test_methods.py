@@ -26,14 +26,15 @@ def test_weighted_average_by_hand():
 def test_fedavg_round_equals_weighted_mean_of_local_models(tiny_data):
     fed = tiny_federation(tiny_data, ("lenet", "lenet"))
     m = create_method("fedavg")
-    m.setup(fed)
+    fed.setup(m)
     s0 = fed.clients[0].model.state_dict()
     assert all(torch.equal(s0[k], fed.clients[1].model.state_dict()[k]) for k in s0)  # one global start
-    m.local_update(fed, 1)
+    m.local_update(fed.ctx)
     locals_ = [copy.deepcopy(c.model.state_dict()) for c in fed.clients]
     n = [c.num_private for c in fed.clients]
-    m.after_round(fed, 1)
-    for key, val in fed.clients[1].model.state_dict().items():
+    delivery = m.server_step(fed.ctx, {c.name: s0 for c in fed.clients}, {c.name: loc for c, loc in zip(fed.clients, locals_)})
+    assert set(delivery) == {c.name for c in fed.clients}  # the average, for every participant
+    for key, val in delivery[fed.clients[1].name].items():
         if torch.is_floating_point(val):
             expect = (locals_[0][key].double() * n[0] + locals_[1][key].double() * n[1]) / sum(n)
             assert torch.allclose(val.double(), expect, atol=1e-6), key
@@ -58,7 +59,7 @@ def test_fedmd_digest_moves_toward_consensus(tiny_data):
     before = gap()
     torch.manual_seed(0)
     fed.public_gen.manual_seed(0)
-    m.collaborate(fed, 1)
+    m.collaborate(fed.ctx)
     assert gap() < before
 
 
@@ -67,7 +68,7 @@ def test_fccl_plus_collaborative_loss_matches_formula(tiny_data):
     from the same pre-update outputs with the target = mean over ALL participants."""
     fed = tiny_federation(tiny_data, ("lenet", "simple_cnn"), public_batch=256, public_aug="none")
     m = create_method("fccl_plus", {"omega": 2.0})
-    m.setup(fed)
+    fed.setup(m)
     x = next(fed.public_batches(aug="none"))
     fed.public_gen.manual_seed(123)
     x = next(fed.public_batches(aug="none"))
@@ -77,7 +78,7 @@ def test_fccl_plus_collaborative_loss_matches_formula(tiny_data):
     expect = [float((fccm_loss(z, zbar, 0.0051) + 2.0 * fisl_loss(instance_similarity(h, 0.02), sbar)).detach())
               for h, z in outs]
     fed.public_gen.manual_seed(123)
-    got = m.collaborate(fed, 1)
+    got = m.collaborate(fed.ctx)
     assert got["m0/train/colla_loss"] == pytest.approx(expect[0], rel=1e-4)
     assert got["m20/train/colla_loss"] == pytest.approx(expect[1], rel=1e-4)
 
@@ -85,9 +86,9 @@ def test_fccl_plus_collaborative_loss_matches_formula(tiny_data):
 def test_fccl_plus_teacher_is_model_before_collaboration(tiny_data):
     fed = tiny_federation(tiny_data, ("lenet", "lenet"), public_aug="none")
     m = create_method("fccl_plus")
-    m.setup(fed)
+    fed.setup(m)
     before = copy.deepcopy(fed.clients[0].model.state_dict())
-    m.collaborate(fed, 1)
+    m.collaborate(fed.ctx)
     teacher = fed.clients[0].state["teacher"].state_dict()
     assert all(torch.equal(before[k], teacher[k]) for k in before)
     assert any(not torch.equal(before[k], fed.clients[0].model.state_dict()[k]) for k in before)
@@ -99,8 +100,8 @@ def test_fccl_plus_switches_change_the_result(tiny_data, switch):
         torch.manual_seed(0)
         fed = tiny_federation(tiny_data, ("lenet", "lenet"), public_aug="none")
         m = create_method("fccl_plus", params)
-        m.setup(fed)
-        m.run_round(fed, 1)
+        fed.setup(m)
+        fed.run_round(1)
         return torch.cat([p.detach().flatten() for p in fed.clients[0].model.parameters()])
 
     assert not torch.allclose(run({}), run(switch))
@@ -111,9 +112,9 @@ def test_every_method_runs_one_round(tiny_data, name):
     cls = METHODS.get(name)
     fed = tiny_federation(tiny_data, ("lenet", "lenet"), public_aug="none")
     m = create_method(name)
-    m.setup(fed)
+    fed.setup(m)
     before = torch.cat([p.detach().flatten().clone() for p in fed.clients[0].model.parameters()])
-    metrics = m.run_round(fed, 1)
+    metrics = fed.run_round(1)
     after = torch.cat([p.detach().flatten() for p in fed.clients[0].model.parameters()])
     assert not torch.equal(before, after)
     assert all(v == v for v in metrics.values())  # no NaN losses

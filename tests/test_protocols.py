@@ -28,10 +28,10 @@ def _states(fed):
 
 def _run(fed, name, params=None, rounds=(1,)):
     m = create_method(name, params)
-    m.setup(fed)
+    fed.setup(m)
     for r in rounds:
         fed.round = r
-        m.run_round(fed, r)
+        fed.run_round(r)
     return m
 
 
@@ -70,7 +70,7 @@ def test_local_protocol_averages_uniformly_at_the_round_start(tiny_data):
     m = _run(fed, "fedavg", {"eval_models": "local", "weighting": "uniform"}, rounds=(1,))
     before = [{k: v.clone().double() for k, v in c.model.state_dict().items()} for c in fed.clients]
     fed.round = 2
-    m.collaborate(fed, 2)
+    m.collaborate(fed.ctx)
     for k, v in fed.clients[0].model.state_dict().items():
         if torch.is_floating_point(v):
             expected = sum(b[k] for b in before) / 3.0  # uniform 1/K, whatever the sample counts
@@ -93,12 +93,12 @@ def test_local_protocol_resumes_bit_identically(tiny_data, name):
     buf.seek(0)
     fed_b = tiny_federation(tiny_data, ("lenet",) * 2, rounds=2)
     m_b = create_method(name, params)
-    m_b.setup(fed_b)
+    fed_b.setup(m_b)
     copy_engine_state(fed_a, fed_b)
     m_b.load_state_dict(torch.load(buf, weights_only=True))
     for fed, m in ((fed_a, m_a), (fed_b, m_b)):
         fed.round = 2
-        m.run_round(fed, 2)
+        fed.run_round(2)
     assert all(torch.equal(a, b) for a, b in zip(_states(fed_a), _states(fed_b)))
 
 
@@ -113,7 +113,7 @@ def test_heterogeneous_methods_average_before_local_updating_when_homogeneous(ti
         torch.manual_seed(0)
         fed = tiny_federation(tiny_data, ("lenet", "lenet"), rounds=2)
         m = create_method(name, params)
-        m.setup(fed)
+        fed.setup(m)
         inner = m.local_update
 
         def spy(fed_, r):
@@ -123,7 +123,7 @@ def test_heterogeneous_methods_average_before_local_updating_when_homogeneous(ti
         m.local_update = spy
         for r in (1, 2):
             fed.round = r
-            m.run_round(fed, r)
+            fed.run_round(r)
         return m
 
     m = run({})
@@ -138,7 +138,7 @@ def test_heterogeneous_methods_average_before_local_updating_when_homogeneous(ti
 def test_heterogeneous_federation_is_not_averaged(tiny_data):
     fed = tiny_federation(tiny_data, ("lenet", "simple_cnn"))
     m = create_method("fedmd")
-    m.setup(fed)
+    fed.setup(m)
     assert m.averaging is None
     with pytest.raises(ConfigError, match="homogeneous_averaging"):
         create_method("rcfl", {"homogeneous_averaging": "before_local"}).setup(fed)

@@ -89,11 +89,11 @@ def test_reg_form_selects_the_regulariser(tiny_data):
     losses = {}
     for form in ("code", "paper"):
         m = create_method("fedproto", {"reg_form": form, "lamda": 3.0})
-        m.setup(fed)
+        fed.setup(m)
         m.protos = torch.randn(10, m.dim, generator=torch.Generator().manual_seed(0))
         m.present = torch.arange(10) % 2 == 0
         with torch.no_grad():
-            got = m.local_loss(fed, fed.clients[0], x, y, 0)
+            got = m.local_loss(fed.ctx, fed.clients[0], x, y, 0)
             h, logits = fed.clients[0].model.forward_with_features(x)
         reg = (P.proto_paper_loss if form == "paper" else P.proto_mse_loss)(m.rep(h), y, m.protos, m.present)
         assert reg.item() > 0
@@ -276,7 +276,7 @@ def test_two_rounds_in_float64_equal_the_reimplementation(float64_batches, name,
     fed = synthetic_federation(3, per_client=12, server_model=False, local_batch=5, local_epochs=2, lr=0.05,
                                momentum=0.0, clients_per_round=sampled)
     m = create_method(name, params)
-    m.setup(fed)
+    fed.setup(m)
     for c in fed.clients:
         c.model.double()
     models = [copy.deepcopy(c.model) for c in fed.clients]
@@ -289,7 +289,7 @@ def test_two_rounds_in_float64_equal_the_reimplementation(float64_batches, name,
     glob = None
     for r in (1, 2):
         fed.round = r
-        metrics = m.run_round(fed, r)
+        metrics = fed.run_round(r)
         chosen = fed.sampled.get(r, range(3))
         assert len(chosen) == (sampled or 3)
         uploads = [_ref_client(models[i], gens[i], *fed.clients[i].data.get("private"), glob, p.lamda, dim, 2, 5,
@@ -335,7 +335,7 @@ def test_prototype_scoring_predicts_the_nearest_global_prototype(tiny_data, name
 
     fed = tiny_federation(tiny_data, ("lenet", "simple_cnn"))
     m = create_method(name)
-    m.setup(fed)
+    fed.setup(m)
     x, y = fed.clients[0].data.get("test")
     x, y = x[:64], y[:64]
     with torch.no_grad():
@@ -373,7 +373,7 @@ def test_prototype_scoring_predicts_the_nearest_global_prototype(tiny_data, name
     assert not torch.isinf(logits).any()
     # scoring: head (a new method object on the same models) removes the hook: the classifier's logits again
     head = create_method(name, {"scoring": "head"})
-    head.setup(fed)
+    fed.setup(head)
     head.protos, head.present = m.protos, m.present
     c = fed.clients[1]
     with torch.inference_mode():
@@ -384,7 +384,7 @@ def test_prototype_scoring_predicts_the_nearest_global_prototype(tiny_data, name
     assert not torch.equal(correct_topk(c.model, x, y, ks=(1,))[1], hits_head)
     # before any global prototype: the classifier's logits (HtFLlib reports 0 there)
     fresh = create_method(name)
-    fresh.setup(fed)
+    fed.setup(fresh)
     with torch.inference_mode():
         c.model.eval()
         assert not torch.isinf(c.model(normalize(x))).any()
@@ -409,7 +409,7 @@ def test_restored_from_state_dict_round_three_is_bit_identical(tiny_data, tmp_pa
     def build():
         fed = tiny_federation(tiny_data, ("lenet", "simple_cnn"), rounds=3, public_aug="none", **engine)
         method = create_method(name, params)
-        method.setup(fed)
+        fed.setup(method)
         return fed, method
 
     (fed, method), (fed2, method2) = resumed_round_three(build, tmp_path / "state.pt")
@@ -424,11 +424,11 @@ def test_restored_from_state_dict_round_three_is_bit_identical(tiny_data, tmp_pa
 def test_state_of_an_unknown_layout_is_refused(tiny_data):
     fed = tiny_federation(tiny_data, ("lenet", "lenet"))
     m = create_method("fedproto")
-    m.setup(fed)
+    fed.setup(m)
     with pytest.raises(ValueError, match="unknown keys.*tgp"):
         m.load_state_dict({"tgp": {}})
     t = create_method("fedtgp")
-    t.setup(fed)
+    fed.setup(t)
     with pytest.raises(ValueError, match="lacks tgp"):
         t.load_state_dict({"protos": torch.zeros(10, 84), "present": torch.ones(10, dtype=torch.bool)})
 

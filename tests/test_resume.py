@@ -184,7 +184,7 @@ def test_method_restored_from_state_dict_behaves_identically(tiny_data, tmp_path
         fed = tiny_federation(tiny_data, archs, seed=0, rounds=3, public_aug="weak")
         method = create_method(name, params)
         fed.method_name = name
-        method.setup(fed)
+        fed.setup(method)
         return fed, method
 
     resumed_round_three(build, tmp_path / "state.pt")

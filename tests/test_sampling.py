@@ -89,9 +89,9 @@ def test_fedavg_round_is_sample_weighted_average_of_sampled_clients():
     fed = synthetic_federation(8, clients_per_round=3, server_model=False)
     ref_fed = synthetic_federation(8, clients_per_round=3, server_model=False)
     method, ref_method = create_method("fedavg"), create_method("fedavg")
-    method.setup(fed)
-    ref_method.setup(ref_fed)
-    method.run_round(fed, 1)
+    fed.setup(method)
+    ref_fed.setup(ref_method)
+    fed.run_round(1)
     sampled = sample_indices(8, 3, ref_fed.sample_gen)  # the same draw from the same seed
     g0 = {k: v.clone() for k, v in ref_fed.clients[0].model.state_dict().items()}
     states, weights = [], []
@@ -124,8 +124,8 @@ def test_server_mode_memory_does_not_grow_with_clients(method):
         base = _count_models()
         fed = synthetic_federation(k, per_client=6, client_fraction=0.1)
         m = create_method(method)
-        m.setup(fed)
-        m.run_round(fed, 1)
+        fed.setup(m)
+        fed.run_round(1)
         modules = {id(c.model) for c in fed.clients}
         params = sum(p.numel() for mod in {id(c.model): c.model for c in fed.clients}.values()
                      for p in mod.parameters())
@@ -168,7 +168,7 @@ def test_rounds_to():
 def test_global_evaluator_schedule_and_summary():
     fed = synthetic_federation(4, rounds=5, global_eval_every=2, participant_eval=False, targets=(0.01, 1.0))
     m = create_method("fedavg")
-    m.setup(fed)
+    fed.setup(m)
     ev = GlobalEvaluator(fed, m, fed.cfg)
     rows = [row for r in range(6) for row in ev(r)]
     assert [row["round"] for row in rows] == [0, 2, 4, 5]  # every k rounds and the last

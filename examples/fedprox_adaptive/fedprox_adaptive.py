@@ -35,7 +35,7 @@ from fedshift.methods.fedavg import FedAvg
 
 
 @dataclass(frozen=True)
-class FedProxAdaptiveParams(ServerParams):  # init, weighting, eval_models: as every FedAvg-family method
+class FedProxAdaptiveParams(ServerParams):  # init: as every FedAvg-family method (the grid's scoring: scores it)
     mu: float = 1.0  # mu of round 1 (Appendix C.3.3: 1 on non-IID data, 0 on IID)
     # how much mu moves per adjustment (Appendix C.3.3); `search`: the values a grid's tune block tries
     # when it lists fedprox_adaptive with no space of its own (docs/tuning.md)
@@ -75,21 +75,21 @@ class FedProxAdaptive(FedAvg):
     name = "fedprox_adaptive"
     Params = FedProxAdaptiveParams
 
-    def setup(self, fed) -> None:
-        super().setup(fed)
+    def setup(self, ctx) -> None:
+        super().setup(ctx)
         self.mu, self.prev_loss, self.streak = float(self.p.mu), float("inf"), 0
 
-    def begin_round(self, fed, r: int, global_state: Dict[str, Tensor]) -> None:
+    def begin_round(self, ctx, global_state: Dict[str, Tensor]) -> None:
         # w_global: the weights every sampled participant starts the round from
-        model = fed.clients[0].model
+        model = ctx.participants[0].model
         self._anchor = [global_state[n] for n, q in model.named_parameters() if q.requires_grad]
 
-    def local_loss(self, fed, client, x, y, step):
+    def local_loss(self, ctx, client, x, y, step):
         params = [q for q in client.model.parameters() if q.requires_grad]
         return prox_loss(client.model(x), y, params, self._anchor, self.mu)
 
-    def local_update(self, fed, r: int) -> Dict[str, float]:
-        losses = super().local_update(fed, r)
+    def local_update(self, ctx) -> Dict[str, float]:
+        losses = super().local_update(ctx)
         used = self.mu
         loss = sum(losses.values()) / len(losses)
         self.mu, self.streak = next_mu(self.mu, loss, self.prev_loss, self.streak, self.p.step,

@@ -48,7 +48,7 @@ def test_state_round_trip_and_resume(tmp_path):
     def fresh():
         fed = tiny_federation(root, ("lenet", "lenet"), public_aug="none", rounds=3)
         m = FedProxAdaptive(FedProxAdaptiveParams(mu=0.5, step=0.2, patience=1))
-        m.setup(fed)
+        fed.setup(m)  # the method's setup(ctx) with the federation's round context
         return fed, m
 
     (_, m), (_, restored) = resumed_round_three(fresh, tmp_path / "checkpoint.pt")

@@ -102,8 +102,11 @@ def resolve(cls: Type[T], overrides: Mapping[str, Any] | None, where: str) -> T:
         raise ConfigError(f"{where}: expected a mapping of {cls.__name__} keys, got {overrides!r}")
     hints = typing.get_type_hints(cls)
     fields = {f.name: f for f in dataclasses.fields(cls) if f.init}
+    moved = getattr(cls, "moved_keys", None) or {}  # a ClassVar: keys that live elsewhere now
     kwargs = {}
     for key, value in overrides.items():
+        if key not in fields and key in moved:
+            raise ConfigError(f"{where}.{key}: this key moved to {moved[key]}; set it there")
         if key not in fields:
             close = difflib.get_close_matches(str(key), fields, n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""

@@ -62,7 +62,8 @@ def deep_merge(base: Mapping, over: Mapping) -> dict:
 
 
 def user_methods_win(merged: Mapping, own: Mapping) -> Tuple[dict, List[str]]:
-    """A grid file's own ``methods:`` block outranks the base file's ``scenario_overrides`` (issue 34 item 6).
+    """A grid file's own ``methods:`` and ``scoring:`` blocks outrank the base file's ``scenario_overrides``
+    (issue 34 item 6; issue 49).
 
     The merge order inside one file is methods < scenario_overrides < variant, so ``params/experiments.yaml``'s
     ``scenario_overrides.rotmnist.methods.fedavg: {eval_models: local}`` silently beat a user grid's
@@ -72,8 +73,17 @@ def user_methods_win(merged: Mapping, own: Mapping) -> Tuple[dict, List[str]]:
     out = deep_merge({}, merged)
     own_methods = own.get("methods") or {}
     own_so = own.get("scenario_overrides") or {}
+    own_scoring = own.get("scoring") or {}
     notes = []
     for scen, so in (out.get("scenario_overrides") or {}).items():
+        # the grid's own scoring: block outranks the base file's per-scenario scoring it does not set itself
+        keys = (so or {}).get("scoring") or {}
+        theirs = (own_so.get(scen) or {}).get("scoring") or {}
+        for k in [k for k in keys if k in own_scoring and k not in theirs]:
+            if own_scoring[k] != keys[k]:
+                notes.append(f"scoring.{k}: {own_scoring[k]!r} (this grid) replaces the base file's "
+                             f"scenario_overrides.{scen}.scoring.{k}: {keys[k]!r}")
+            keys.pop(k)
         for m, keys in ((so or {}).get("methods") or {}).items():
             mine = own_methods.get(m) or {}
             theirs = ((own_so.get(scen) or {}).get("methods") or {}).get(m) or {}
@@ -232,46 +242,39 @@ def _merge(*dicts: Optional[Mapping]) -> dict:
     return out
 
 
-def family_protocol(scenario: str, so_methods: Mapping[str, Any]) -> Dict[str, Any]:
-    """The protocol (``eval_models``, ``weighting``) a scenario's override rows give the server-averaging
-    family (issue 35): every key set by a family member's row under ``scenario_overrides.<scenario>.methods``.
-    Each method of the family (plugins included) takes these keys wherever its own settings
-    (``methods.<m>``, its own override row, its variant) leave them unset, so a FedAvg-family plugin runs
-    under the protocol of the FedAvg rows it is compared with. Two rows that disagree are refused."""
-    from .methods import METHODS
-    from .methods.base import PROTOCOL_KEYS, server_family
+def scoring_for(exp: Mapping[str, Any], scenario: str):
+    """The scoring protocol of a scenario's runs (issue 49): the grid's ``scoring:`` block, overridden by
+    ``scenario_overrides.<scenario>.scoring``; never per method or variant, so every row of a report table
+    (one scenario, public set and structure) is scored alike by construction. Metric names are checked
+    against the scoring registry (:data:`fedshift.scoring.SCORERS`)."""
+    from .engine.config import ScoringConfig
+    from .scoring import SCORERS
 
-    out: Dict[str, Any] = {}
-    named: Dict[str, str] = {}
-    for m, keys in (so_methods or {}).items():
-        if m not in METHODS or not server_family(METHODS.get(m)):
-            continue
-        for k in PROTOCOL_KEYS:
-            if k not in (keys or {}):
-                continue
-            if k in out and keys[k] != out[k]:
-                raise ConfigError(
-                    f"scenario_overrides.{scenario}.methods: {named[k]}.{k} is {out[k]!r} but {m}.{k} is {keys[k]!r}; "
-                    f"a scenario's server-averaging rows share one protocol (it reaches every method of the family): "
-                    f"set {k} alike, or per method under methods.<name> / variants")
-            out[k], named[k] = keys[k], named.get(k, m)
-    return out
+    so = ((exp.get("scenario_overrides") or {}).get(scenario) or {}).get("scoring")
+    where = f"scoring ({scenario})" if so else "scoring"
+    scoring = resolve(ScoringConfig, _merge(exp.get("scoring"), so), where)
+    for name in scoring.metrics:
+        SCORERS.get(name, key=f"{where}.metrics")
+    return scoring
 
 
-def _check_engine_for(method, eng, n_participants: int, where: str) -> None:
+def _check_engine_for(method, eng, scoring, n_participants: int, where: str) -> None:
     """What a job asks of its method and scenario, checked in `fedshift validate` instead of at
     its first round: the method's declared capabilities (class attributes ``supports_sampling``,
-    ``supports_server_model``, a ``global_model`` method; see engine.sampling.check_engine) and
-    ``clients_per_round`` against the scenario's participants (issue 23 case 9)."""
+    ``supports_server_model``, a ``global_model`` method; see engine.sampling.check_engine) under the
+    scoring protocol, and ``clients_per_round`` against the scenario's participants (issue 23 case 9)."""
     from .engine.sampling import check_engine
 
     if eng.clients_per_round > n_participants:
         raise ConfigError(f"{where}.clients_per_round: {eng.clients_per_round} exceeds the scenario's "
                           f"{n_participants} participants; use 1..{n_participants} (or 0: all)")
     try:
-        check_engine(method, eng)
+        check_engine(method, eng, scoring)
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
+    if scoring.predict == "prototype" and not method.has_prototypes():
+        raise ConfigError(f"scoring.predict: prototype: method {method.name!r} has no prototypes to predict by "
+                          "(no prototype_scores); a table of it scores every row by its classifier: predict: head")
 
 
 def check_published(names) -> None:
@@ -298,7 +301,7 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
     from .data import DATASETS, PUBLIC_SETS, SCENARIOS
     from .engine.config import EngineConfig, PretrainConfig
     from .methods import METHODS, resolve_method_params
-    from .methods.base import server_family
+    from .methods.base import check_requirements
     from .models.structures import STRUCTURES
 
     exp = load_yaml(experiments) if not isinstance(experiments, Mapping) else dict(experiments)
@@ -382,26 +385,28 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
             so = (exp.get("scenario_overrides") or {}).get(s, {})
             overrides = _merge((exp.get("methods") or {}).get(base_method), (so.get("methods") or {}).get(base_method),
                                variant.get("params"))
-            if server_family(cls):  # the scenario's protocol reaches the family, not only the rows it names
-                overrides = {**family_protocol(s, so.get("methods") or {}), **overrides}
             mparams = resolve_method_params(base_method, overrides, s, f"methods.{m}")
-            uses_public = cls(mparams).uses_public  # a method's params may switch the public set off (FedMD seed)
-            if uses_public and pub == "none":
-                raise ConfigError(f"{where}: method {m!r} needs an unlabeled public set: add `public:` to the block")
+            method = cls(mparams)
+            uses_public = method.uses_public  # a method's params may switch the public set off (FedMD seed)
+            scoring = scoring_for(exp, s)
             if getattr(mparams, "homogeneous_averaging", "auto") in ("before_local", "after_local") and len(set(archs)) > 1:
                 raise ConfigError(f"methods.{m}.homogeneous_averaging: {mparams.homogeneous_averaging!r} averages "
                                   f"parameters, but {st!r} assigns {archs}; use 'auto' or 'none', or a homo_<model> structure")
             eng = resolve(EngineConfig, _merge(exp.get("engine"), so.get("engine"), variant.get("engine")),
                           f"engine ({m} on {s})")
-            _check_engine_for(cls(mparams), eng, len(participants), f"engine ({m} on {s})")
+            pre = resolve(PretrainConfig, _merge(exp.get("pretrain"), so.get("pretrain")), f"pretrain ({s})")
+            try:  # what the method declares it needs (optimiser, public data, BASE checkpoints), one line
+                check_requirements(m, method.requirements(), eng, pub, (eng.norm, pre.norm))
+            except ConfigError as exc:
+                raise ConfigError(f"{where}: {exc}") from None
+            _check_engine_for(method, eng, scoring, len(participants), f"engine ({m} on {s})")
             last_k = _merge(exp.get("engine"), so.get("engine"), variant.get("engine")).get("last_k")
             if last_k is not None and last_k > eng.rounds:  # metrics.json said 50 while averaging 4 rounds
                 raise ConfigError(f"engine ({m} on {s}).last_k: {last_k} exceeds rounds ({eng.rounds}); "
                                   f"use 1..{eng.rounds}")
-            pre = resolve(PretrainConfig, _merge(exp.get("pretrain"), so.get("pretrain")), f"pretrain ({s})")
             from .engine.fused import plan_check  # engine.fused_clients: on refuses here, before any job
 
-            plan_check(cls(mparams), archs, eng.norm, eng.fused_clients, eng.device, eng.on_nonfinite)
+            plan_check(method, archs, eng.norm, eng.fused_clients, eng.device, eng.on_nonfinite)
             if os.environ.get("FEDSHIFT_SKIP_CUDA_CHECK", "0") != "1":
                 from .engine.config import check_cuda
 
@@ -438,16 +443,13 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                         "paths": {"partition": part_dir}, "wildcards": pj.wildcards,
                     }
             if cls.needs_base(mparams):
-                if eng.norm != pre.norm:
-                    raise ConfigError(f"{where}: method {m!r} starts from BASE checkpoints, but engine.norm "
-                                      f"({eng.norm!r}) differs from pretrain.norm ({pre.norm!r}); make them equal")
                 pretrained = [f"{results}/pretrain/{PretrainJob(s, p, a, seed).path}/model.pt"
                               for p, a in zip(participants, archs)]
             plan.federate[job] = {
                 "kind": "federate", "run_name": f"federate/{job.path}", "scenario": s, "public": pub,
                 "method": m, "base_method": base_method, "structure": st, "seed": seed,
                 "participants": participants, "archs": list(archs),
-                "method_params": to_dict(mparams), "engine": to_dict(eng),
+                "method_params": to_dict(mparams), "engine": to_dict(eng), "scoring": to_dict(scoring),
                 "paths": {"partition": part_dir,
                           "public": f"{build}/public/{pub}" if pub != "none" and uses_public else None,
                           "pretrained": pretrained},

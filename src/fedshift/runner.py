@@ -47,14 +47,15 @@ from .data import store
 from .data.loading import load_federated
 from . import provenance
 from .engine import checkpoint, fused
-from .engine.config import EngineConfig, PretrainConfig, check_cuda, malloc_keep_mb
+from .engine.config import EngineConfig, PretrainConfig, ScoringConfig, check_cuda, malloc_keep_mb
 from .engine.cpu import bf16_on, check_bf16, check_bf16_train, cpu_kind, set_trim, tune_allocator
 from .engine.federation import Federation, derive_seeds, resolve_device, summarise
 from .engine.loop import FederateJob, Progress, RunLoop, device_note
-from .engine.sampling import check_engine
+from .engine.sampling import check_engine, write_sampled
 from .errors import ConfigError, RunError
 from .methods import create_method
 from .models import create_model
+from .scoring import scorers
 from .tracking import NullTracker
 from .engine import selection as tune  # issue 36: early stopping and the validation score of tuning candidates
 
@@ -193,11 +194,9 @@ def _manifest_paths(manifests: Dict[str, str], cfg: Dict[str, Any], public_dir: 
     return out
 
 
-def tracked_summary(cfg: Dict[str, Any], metrics: Dict[str, Any]) -> Dict[str, Any]:
-    """A federated run's ``metrics`` with the headline keys its method keeps out of MLflow removed
-    (:meth:`Method.tracked_metrics`); metrics.json keeps them all."""
-    method = create_method(cfg["base_method"], cfg["method_params"], cfg["scenario"], f"methods.{cfg['method']}")
-    return {**metrics, "headline": method.tracked_metrics(metrics.get("headline") or {}, engine_config(cfg))}
+def scoring_config(cfg: Dict[str, Any]) -> ScoringConfig:
+    """The typed scoring protocol of a resolved config (its ``scoring`` block; absent: the defaults)."""
+    return ScoringConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in (cfg.get("scoring") or {}).items()})
 
 
 def engine_config(cfg: Dict[str, Any], **override: Any) -> EngineConfig:
@@ -242,7 +241,8 @@ def build_federate(cfg: Dict[str, Any], out_dir: Path, tracker) -> FederateJob:
                           holdout=eng.select == "best_val" or "tune" in cfg)
     check_labels(data)
     archs = cfg["archs"]
-    check_engine(method, eng)
+    scoring = scoring_config(cfg)
+    check_engine(method, eng, scoring)
     if eng.server_model:  # stateless clients share participant 0's model (same init as a per-client run)
         models = build_models(archs[:1], data.num_classes, data.image_shape[0], eng.norm, seed) * len(archs)
     else:
@@ -255,10 +255,10 @@ def build_federate(cfg: Dict[str, Any], out_dir: Path, tracker) -> FederateJob:
         if method.init_from == "base":
             for m, b in zip(models, base_models):
                 m.load_state_dict(b.state_dict())
-    fed = Federation(data, models, archs, eng, seed, device)
+    fed = Federation(data, models, archs, eng, seed, device, scoring)
     fed.base_models = [b.to(device) for b in base_models] if base_models else None
     fed.method_name = cfg["method"]
-    method.setup(fed)
+    fed.setup(method)  # the method's setup(ctx), with the federation's round context
     fused.decide_for_run(fed, method, log)  # engine.fused_clients: logs once which path trains the clients
     tracker.set_tags({f"data.{k}": v for k, v in data.manifests.items()})
     cfg_hash = checkpoint.config_hash(cfg)
@@ -268,7 +268,8 @@ def build_federate(cfg: Dict[str, Any], out_dir: Path, tracker) -> FederateJob:
     inputs = checkpoint.input_hashes(data.manifests, base_files)
     record = provenance.record(inputs, {**_manifest_paths(data.manifests, cfg, public_dir), **base_files}, cfg_hash)
     tracker.set_tags(provenance.tags(record["code"]))  # also on a resume: the code that runs now
-    return FederateJob(cfg, out_dir, eng, device, method, fed, verify_s, cfg_hash, partial, inputs, record)
+    return FederateJob(cfg, out_dir, eng, device, method, fed, verify_s, cfg_hash, partial, inputs, record,
+                       scorers(scoring.metrics))
 
 
 def eval_numerics(eng, device: torch.device, levers) -> Dict[str, Any]:
@@ -310,13 +311,12 @@ def publish_federate(job: FederateJob, loop: RunLoop, tracker) -> Dict[str, Any]
     if fed.skipped_batches:
         print(f"[{cfg['run_name']}] done with {fed.skipped_batches} of {fed.checked_batches} batches skipped "
               "for a non-finite loss (engine.on_nonfinite: skip_batch)", flush=True)
-    selected = method.select_headline(fed, history, loop.eval_rounds)  # model selection (engine.select: best_val)
-    if selected is not None:
-        metrics["headline"], metrics["selected_rounds"] = selected
+    if eng.select == "best_val":  # model selection on validation data (engine/selection.py)
+        metrics["headline"], metrics["selected_rounds"] = tune.best_val_headline(history, loop.eval_rounds)
     if "tune" in cfg:  # a tuning candidate's validation score (fedshift.tune.select reads it)
         metrics["tune"] = (tune.score(loop.history_g, loop.rounds_g, cfg["tune"]["metric"]) if tune.global_metric(cfg)
                            else tune.score(history, loop.eval_rounds, cfg["tune"]["metric"]))
-    metrics.update(method.run_summary(fed))  # e.g. FedH2L's communication bytes
+    metrics.update(method.run_summary(fed.ctx))  # e.g. FedH2L's communication bytes
     states: Dict[int, Dict[str, torch.Tensor]] = {}  # a model shared by clients (server_model) is stored once
     for c in fed.clients:
         if id(c.model) not in states:
@@ -326,7 +326,11 @@ def publish_federate(job: FederateJob, loop: RunLoop, tracker) -> Dict[str, Any]
     metrics["numerics"] = {**eval_numerics(eng, job.device, fed.eval_levers()), **train_numerics(fed)}
     tracker.set_tags({f"numerics.{k}": str(v) for k, v in metrics["numerics"].items()})
     provenance.recheck(job.record, cfg["run_name"], RERUN)  # data rebuilt during the run: publish nothing
-    _write_outputs(job.out_dir, cfg, metrics, loop.all_rows, tracker, extra=method.artifacts,
+    def extra(folder: Path) -> None:
+        write_sampled(fed, folder)  # sampled.csv: the clients each round drew (absent when every client trains)
+        method.artifacts(folder)
+
+    _write_outputs(job.out_dir, cfg, metrics, loop.all_rows, tracker, extra=extra,
                    models=models_pt, inputs=job.record)
     checkpoint.clear(job.partial)
     return metrics
@@ -483,11 +487,12 @@ def evaluate_run(run_dir: Path, device: str = "cpu", bf16: Optional[bool] = None
     models = build_models(archs, data.num_classes, data.image_shape[0], eng.norm, int(cfg["seed"]))
     for m, name in zip(models, data.names):
         m.load_state_dict(saved[name]["state_dict"])
-    fed = Federation(data, models, archs, eng, int(cfg["seed"]), dev)
+    fed = Federation(data, models, archs, eng, int(cfg["seed"]), dev)  # predicts with the classifiers
     rows = fed.evaluate()
     summ = summarise(rows)
-    method = create_method(cfg["base_method"], cfg["method_params"], cfg["scenario"], f"methods.{cfg['method']}")
-    summ.update(method.evaluation_extras(fed, rows)[1])  # what every evaluation of the run added
+    sizes = {d: len(y) for d, (_, y) in fed.test_sets().items()}
+    for scorer in scorers(scoring_config(cfg).metrics):  # what every evaluation of the run added
+        summ.update(scorer.extras(rows, sizes)[1])
     return summ
 
 

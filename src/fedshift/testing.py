@@ -15,7 +15,13 @@ A plugin's test, e.g. ``examples/fedprox_adaptive/test_fedprox_adaptive.py``::
 
     def test_resumes(tmp_path):
         root = build_tiny_data(tmp_path / "build")
-        resumed_round_three(lambda: setup(tiny_federation(root), MyMethod()), tmp_path / "ckpt.pt")
+
+        def build():
+            fed, method = tiny_federation(root), MyMethod(MyParams())
+            fed.setup(method)  # the method's setup(ctx) with the federation's round context
+            return fed, method
+
+        resumed_round_three(build, tmp_path / "ckpt.pt")
 
 docs/extending.md shows it in full.
 """
@@ -23,14 +29,15 @@ docs/extending.md shows it in full.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, Callable, Sequence, Tuple
+from typing import Any, Callable, Mapping, Optional, Sequence, Tuple
 
 import torch
 
 from .data import FetchContext, build
 from .data.loading import ClientData, FederatedData, load_federated
 from .engine import checkpoint
-from .engine.config import EngineConfig
+from .config import resolve
+from .engine.config import EngineConfig, ScoringConfig
 from .engine.federation import Federation
 from .runner import build_models
 
@@ -51,9 +58,16 @@ def build_tiny_data(root: Path) -> Path:
     return root
 
 
-def tiny_federation(root: Path, archs: Sequence[str] = ("lenet", "lenet"), seed: int = 0, **engine: Any) -> Federation:
+def scoring_of(scoring: Optional[Mapping[str, Any]]) -> ScoringConfig:
+    """A grid's ``scoring:`` block (``{"eval_models": "local", "weighting": "uniform"}``) as the engine takes it."""
+    return resolve(ScoringConfig, dict(scoring or {}), "scoring")
+
+
+def tiny_federation(root: Path, archs: Sequence[str] = ("lenet", "lenet"), seed: int = 0,
+                    scoring: Optional[Mapping[str, Any]] = None, **engine: Any) -> Federation:
     """A federation of ``len(archs)`` (at most 4) participants on :func:`build_tiny_data`'s data, one
-    local epoch of batch 32, on the CPU; ``engine`` overrides any :class:`EngineConfig` field."""
+    local epoch of batch 32, on the CPU; ``engine`` overrides any :class:`EngineConfig` field, ``scoring``
+    any key of the grid's ``scoring:`` block (:class:`ScoringConfig`: ``eval_models``, ``weighting``, ...)."""
     defaults: dict = dict(rounds=1, local_epochs=1, local_batch=32, public_batch=64, public_epochs=1,
                           device="cpu", eval_batch=512, public_aug="weak")
     defaults.update(engine)
@@ -61,16 +75,18 @@ def tiny_federation(root: Path, archs: Sequence[str] = ("lenet", "lenet"), seed:
     parts = list(PARTICIPANTS[: len(archs)])
     data = load_federated(Path(root) / "partitions/rotmnist", Path(root) / "public/photo_patches", "cpu", parts)
     models = build_models(list(archs), data.num_classes, data.image_shape[0], cfg.norm, seed)
-    fed = Federation(data, models, list(archs), cfg, seed, torch.device("cpu"))
+    fed = Federation(data, models, list(archs), cfg, seed, torch.device("cpu"), scoring_of(scoring))
     fed.round = 1
     return fed
 
 
 def synthetic_federation(num_clients: int, per_client: int = 12, arch: str = "lenet", seed: int = 0,
-                         server_model: bool = True, test: int = 4, **engine: Any) -> Federation:
+                         server_model: bool = True, test: int = 4, scoring: Optional[Mapping[str, Any]] = None,
+                         **engine: Any) -> Federation:
     """K clients of random 1x28x28 images and labels (no partition on disk), for many-client tests.
 
-    With ``server_model`` every client shares one model object, as the runner builds it.
+    With ``server_model`` every client shares one model object, as the runner builds it; ``scoring`` as
+    for :func:`tiny_federation`.
     """
     g = torch.Generator().manual_seed(1000 + seed)
     clients = []
@@ -89,7 +105,7 @@ def synthetic_federation(num_clients: int, per_client: int = 12, arch: str = "le
     models = build_models(archs[:1] if server_model else archs, 10, 1, cfg.norm, seed)
     if server_model:
         models = models * num_clients
-    fed = Federation(data, models, archs, cfg, seed, torch.device("cpu"))
+    fed = Federation(data, models, archs, cfg, seed, torch.device("cpu"), scoring_of(scoring))
     fed.round = 1
     return fed
 
@@ -105,24 +121,20 @@ def copy_engine_state(fed_a: Federation, fed_b: Federation) -> None:
 
 def resumed_round_three(build: Callable[[], Tuple[Federation, Any]], path: Path) -> Tuple[Tuple[Federation, Any], Tuple[Federation, Any]]:
     """Two rounds, a checkpoint through ``torch.save`` / ``torch.load(weights_only=True)`` at ``path``, then
-    round 3 straight on and, in a fresh ``build()`` (a ``(federation, method)`` pair with the method set
-    up) moved one round away first, round 3 after restoring it. Asserts the round's metrics and every
+    round 3 straight on and, in a fresh ``build()`` (a ``(federation, method)`` pair, the method set up by
+    ``fed.setup(method)``) moved one round away first, round 3 after restoring it. Asserts the round's metrics and every
     participant's weights are identical; returns ``(fed, method), (restored_fed, restored_method)`` for
     the method's own state checks."""
     fed, method = build()
     for r in (1, 2):
-        fed.round = r
-        method.run_round(fed, r)
+        fed.run_round(r)
     torch.save(checkpoint.federation_state(fed, method), path)
-    fed.round = 3
-    straight = method.run_round(fed, 3)
+    straight = fed.run_round(3)
 
     fed2, method2 = build()
-    fed2.round = 1
-    method2.run_round(fed2, 1)  # move every state away from the restored one first
+    fed2.run_round(1)  # move every state away from the restored one first
     checkpoint.restore_federation(fed2, method2, torch.load(path, weights_only=True))
-    fed2.round = 3
-    resumed = method2.run_round(fed2, 3)
+    resumed = fed2.run_round(3)
     assert resumed == straight, f"{method.name}: round 3's metrics differ after a restore: {resumed} != {straight}"
     for c1, c2 in zip(fed.clients, fed2.clients):
         s1, s2 = c1.model.state_dict(), c2.model.state_dict()

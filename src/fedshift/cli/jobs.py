@@ -111,9 +111,7 @@ def _run_job(kind: str, args) -> None:
         metrics = fn(cfg, Path(args.out), tracker)
         last = (cfg.get("engine") or {}).get("rounds") or (cfg.get("pretrain") or {}).get("epochs")
         try:  # tracking never costs a result: the run's files are already published
-            metrics = metrics or {}
-            if kind == "federate":  # the keys the method keeps out of MLflow (Method.tracked_metrics)
-                metrics = runner.tracked_summary(cfg, metrics)
+            metrics = metrics or {}  # what the grid's scoring computed, no more (fedshift.scoring)
             log_job_summary(tracker, metrics, cfg["scenario"], time.time() - t0, step=last)
         except Exception as exc:
             log.warning("MLflow job summary not logged (%s: %s)", type(exc).__name__, exc)

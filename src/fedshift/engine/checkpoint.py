@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 
 CHECKPOINT = "checkpoint.pt"
 JOB = "job.json"
-FORMAT = 2  # bump when the checkpoint layout changes (an old checkpoint then starts afresh)
+FORMAT = 3  # bump when the checkpoint layout changes (an old checkpoint then starts afresh); 3: the pending delivery
 
 
 def partial_dir(out_dir: Path) -> Path:
@@ -305,7 +305,32 @@ def federation_state(fed, method) -> Dict[str, Any]:
             "method": to_cpu(method.state_dict()),
             "rng": {"federation": fed.rng_state(), "global": global_rng_state()},
             "skipped_batches": fed.skipped_batches, "checked_batches": fed.checked_batches,
-            "sampled": {int(r): [int(i) for i in idx] for r, idx in getattr(fed, "sampled", {}).items()}}
+            "sampled": {int(r): [int(i) for i in idx] for r, idx in getattr(fed, "sampled", {}).items()},
+            "pending": pending_state(getattr(fed, "pending", None))}
+
+
+def pending_state(pending: Optional[Mapping[str, Mapping[str, torch.Tensor]]]) -> Dict[str, Any]:
+    """The server's delivery waiting for the next round (``scoring.eval_models: local``), each distinct state
+    saved once (a delivery of one state to every participant is one state, not K)."""
+    if not pending:
+        return {}
+    states: list = []
+    index: Dict[int, int] = {}
+    of: Dict[str, int] = {}
+    for name, st in pending.items():
+        if id(st) not in index:
+            index[id(st)] = len(states)
+            states.append(to_cpu(dict(st)))
+        of[name] = index[id(st)]
+    return {"states": states, "of": of}
+
+
+def restore_pending(state: Mapping[str, Any], device) -> Optional[Dict[str, Dict[str, torch.Tensor]]]:
+    """Inverse of :func:`pending_state` (states moved to ``device``, shared ones shared again)."""
+    if not state:
+        return None
+    states = [{k: v.to(device) for k, v in st.items()} for st in state["states"]]
+    return {name: states[int(i)] for name, i in state["of"].items()}
 
 
 def restore_federation(fed, method, state: Mapping[str, Any]) -> None:
@@ -319,3 +344,4 @@ def restore_federation(fed, method, state: Mapping[str, Any]) -> None:
     fed.skipped_batches = state["skipped_batches"]
     fed.checked_batches = state.get("checked_batches", 0)
     fed.sampled = {int(r): list(idx) for r, idx in state.get("sampled", {}).items()}  # sampled.csv covers every round
+    fed.pending = restore_pending(state.get("pending") or {}, fed.device)

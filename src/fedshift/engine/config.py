@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal, Optional, Tuple, Union
+from typing import ClassVar, Dict, Literal, Optional, Tuple, Union
 
 
 @dataclass(frozen=True)
@@ -80,7 +80,6 @@ class EngineConfig:
     # a Snakemake rule), as the authors' FCCL+ benchmark redraws each participant's private subset with the
     # run seed (fccl+/datasets/utils/federated_dataset.py:159, seeded in fccl+/main.py:58-59).
     data_seed: Literal["fixed", "run"] = "fixed"
-    pooled_rows: bool = False  # also write FedH2L's WDP/CDP/ACC (and validation ACC) rows to rounds.csv
     device: str = "auto"  # "auto" = CUDA when available, else CPU; or "cpu", "cuda", "cuda:1"
     deterministic: bool = False  # torch.use_deterministic_algorithms (slower on GPU)
     threads: Optional[int] = None  # torch intra-op threads (None: torch's default)
@@ -114,6 +113,10 @@ class EngineConfig:
     participant_eval: bool = True  # per-participant intra/inter evaluation (FCCL+ Eq. 21-22); off for 100-client runs
     global_eval_every: int = 0  # evaluate the global model on the pooled test set every k rounds (`global/top1`); 0 = off
     targets: Tuple[float, ...] = ()  # metrics.json `rounds_to/<t>`: first evaluated round with global top-1 >= t
+
+    #: keys that moved out of ``engine:`` (config.resolve names the new place in one line)
+    moved_keys: ClassVar[Dict[str, str]] = {
+        "pooled_rows": "scoring.metrics (`metrics: [pooled]` writes FedH2L's WDP/CDP/ACC rows and metrics)"}
 
     def __post_init__(self):
         for key, allowed, on in (("compile", ("off", "default", "reduce-overhead"), "default"),
@@ -165,6 +168,33 @@ class EngineConfig:
         if not self.lr_decay:
             return lr
         return lr * (1 - 0.9 * round_index / self.rounds)
+
+
+@dataclass(frozen=True)
+class ScoringConfig:
+    """How a grid's runs are scored: its ``scoring:`` block (and ``scenario_overrides.<scenario>.scoring``),
+    never a method's or a variant's, so every row of a report table is scored alike (issue 49). The engine
+    reads ``eval_models``, ``weighting`` and ``predict``; ``metrics`` names entries of the scoring registry
+    (:data:`fedshift.scoring.SCORERS`), which the runner hands to the round loop."""
+
+    # Which models an evaluation scores. global: the server's delivery, loaded right after its step
+    # (McMahan 2017; FedMMD/FedFusion; FedH2L's FedAvg rows); local: each participant's own model after
+    # local updating, the server's delivery loaded at the start of the next round (the FCCL+ authors' code,
+    # fccl+/utils/training.py:139-144; Table XV, CVPR Table 3). A method without a server step is unaffected.
+    eval_models: Literal["global", "local"] = "global"
+    # The server's weight of a participant: samples = its private-sample count (McMahan 2017); uniform = 1
+    # (the FCCL+ authors' aggregate_nets(None), fccl+/models/utils/federated_model.py:56-57)
+    weighting: Literal["samples", "uniform"] = "samples"
+    # Metric sets an evaluation adds to FCCL+ Eq. 21-22 (always computed), by registry name
+    # (fedshift.scoring.SCORERS): pooled = FedH2L's WDP / CDP / ACC, written to rounds.csv too
+    metrics: Tuple[str, ...] = ()
+    # How a participant's model predicts when scored: head = its classifier; prototype = the nearest of its
+    # method's prototypes by MSE (HtFLlib clientproto.py:70-100, FedProto and FedTGP; Method.prototype_scores)
+    predict: Literal["head", "prototype"] = "head"
+
+    #: keys the server-averaging methods' Params carried before issue 49 (a grid setting them there is told
+    #: where they live now)
+    former_method_keys: ClassVar[Tuple[str, ...]] = ("eval_models", "weighting")
 
 
 @dataclass(frozen=True)

@@ -1,28 +1,30 @@
-"""The federation: participants (model + data), the public set, and the round loop.
+"""The federation: participants (model + data), the public set, and one round of a method.
 
 Knows nothing of MLflow, DVC or Snakemake: it returns per-round records, which the
-runner reports through a tracker. Methods (``fedshift.methods``)
-drive it through a few helpers: :meth:`Federation.public_batches`,
-:meth:`Federation.train_local`, :meth:`Federation.make_optimizer`.
+runner reports through a tracker. A method never sees this object: it sees the
+federation's :class:`~fedshift.engine.context.RoundContext` (``fed.ctx``, docs/extending.md
+"The round context"), made by :meth:`Federation.setup`; :meth:`Federation.run_round` runs one
+round (the method's part, its server step, the delivery the scoring protocol times).
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 import sys
-from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterator, List, Optional
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
 from ..data.augment import augment
-from ..data.loading import ClientData, FederatedData, normalize
+from ..data.loading import FederatedData, normalize
 from ..errors import NonFiniteError
 from ..models import FedModel
-from .config import EngineConfig, recompute_on
+from .config import EngineConfig, ScoringConfig, recompute_on
+from .context import RoundContext
+from .participants import Client, LossFn, Participant, frozen_copy, steps_per_epoch  # noqa: F401  (the engine's names)
 from .cpu import autocast, release_memory
 from .evaluation import EvalSuite, evaluate_suite, inference_levers, intra_inter
 from .levers import EngineLevers, drive, slot_device
@@ -42,40 +44,32 @@ def derive_seeds(seed: int, n: int) -> List[int]:
     return [int(s.generate_state(1)[0]) for s in np.random.SeedSequence(seed).spawn(n)]
 
 
-@dataclass
-class Client:
-    """One participant: its data, its model and per-method state (teachers, prototypes...)."""
-
-    index: int
-    name: str
-    domain: str
-    arch: str
-    model: FedModel
-    data: ClientData
-    generator: torch.Generator  # private-data shuffling
-    state: Dict[str, object] = field(default_factory=dict)
-
-    @property
-    def num_private(self) -> int:
-        return self.data.num_private
 
 
-def make_optimizer(params, kind: str, lr: float, weight_decay: float = 0.0, momentum: float = 0.9):
-    if kind == "adam":
-        return torch.optim.Adam(params, lr=lr, weight_decay=weight_decay)
-    return torch.optim.SGD(params, lr=lr, momentum=momentum, weight_decay=weight_decay)
+@dataclass(frozen=True)
+class OptimizerSettings:
+    """The optimiser a phase of one round uses, computed once (:func:`optimizer_settings`): the one
+    factory of the sequential path (:meth:`build`) and the fused one (``engine.fused.FusedOptimizer.of``)."""
+
+    kind: str  # "adam" or "sgd" (engine.optimizer)
+    lr: float  # the phase's learning rate at this round (engine.lr / public_lr under lr_decay, lr_gamma)
+    momentum: float  # SGD's (engine.momentum); Adam ignores it
+    weight_decay: float  # engine.weight_decay in local updating, 0 in the public phase
+
+    def build(self, params):
+        """``torch.optim.Adam`` / ``SGD`` over ``params`` with these settings."""
+        if self.kind == "adam":
+            return torch.optim.Adam(params, lr=self.lr, weight_decay=self.weight_decay)
+        return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum, weight_decay=self.weight_decay)
 
 
-def frozen_copy(model: torch.nn.Module) -> torch.nn.Module:
-    """A detached eval-mode copy (teachers, global models)."""
-    m = copy.deepcopy(model)
-    m.eval()
-    for p in m.parameters():
-        p.requires_grad_(False)
-    return m
+def optimizer_settings(cfg: EngineConfig, round_: int, phase: str = "local") -> OptimizerSettings:
+    """The optimiser of ``phase`` (``local`` or ``public``) in round ``round_`` (1-based; 0 = before the first)."""
+    base = cfg.lr if phase == "local" else cfg.public_lr
+    lr = cfg.lr_at(base, round_ - 1 if round_ > 0 else 0)
+    return OptimizerSettings(cfg.optimizer, lr, cfg.momentum, cfg.weight_decay if phase == "local" else 0.0)
 
 
-LossFn = Callable[[Client, torch.Tensor, torch.Tensor, int], torch.Tensor]
 
 
 def quiet_layout_warning() -> None:
@@ -117,9 +111,10 @@ def set_training_levers(model: FedModel, arch: str, cfg: EngineConfig, device: t
 
 class Federation:
     def __init__(self, data: FederatedData, models: List[FedModel], archs: List[str], cfg: EngineConfig,
-                 seed: int, device: torch.device):
+                 seed: int, device: torch.device, scoring: Optional[ScoringConfig] = None):
         self.data = data
         self.cfg = cfg
+        self.scoring = scoring or ScoringConfig()  # the grid's scoring protocol (which models, weights, prediction)
         self.device = device
         self.seed = seed
         seeds = derive_seeds(seed, len(models) + 2)
@@ -147,6 +142,29 @@ class Federation:
         self.checked_batches = 0  # losses step_ok looked at (on_nonfinite: skip_batch): the fraction's denominator
         self.levers = EngineLevers(cfg, device)  # engine.compile / cuda_graphs / amp / ... (levers.py)
         self.levers.prepare([c.model for c in self.clients])
+        self.round_steps: Dict[str, int] = {}  # participant -> optimiser steps of local training this round
+        # The server's delivery waiting for the next round (scoring eval_models: local): participant -> state
+        self.pending: Optional[Dict[str, Dict[str, torch.Tensor]]] = None
+        self.ctx = RoundContext(self)  # what a method sees of this federation (setup() gives it the method)
+
+    # ------------------------------------------------------------- the method
+    def setup(self, method) -> None:
+        """Give ``method`` this federation's :class:`~fedshift.engine.context.RoundContext` (``self.ctx``)
+        and call its ``setup(ctx)``; the scoring's prediction hooks are installed first."""
+        self.ctx.attach(method)
+        install_prediction(self, method)
+        method.setup(self.ctx)
+
+    def run_round(self, r: Optional[int] = None) -> Dict[str, float]:
+        """One round of the method :meth:`setup` was given (``r``: sets ``self.round`` first): the scoring's
+        pending delivery, the method's ``run_round(ctx)`` (collaboration, local updating), its
+        ``server_step(ctx, start, trained)`` and that delivery (now under ``eval_models: global``, at the start
+        of the next round under ``local``), its ``after_round(ctx)``. Returns the round's training metrics."""
+        if self.ctx.method is None:
+            raise RuntimeError("Federation.run_round before Federation.setup(method)")
+        if r is not None:
+            self.round = r
+        return self.ctx._run_round()
 
     # ------------------------------------------------------------ resumable RNG
     def rng_state(self) -> Dict[str, object]:
@@ -240,12 +258,12 @@ class Federation:
             yield normalize(x[idx]), y[idx]
 
     # ------------------------------------------------------------- training
+    def optimizer_settings(self, phase: str = "local") -> OptimizerSettings:
+        """This round's optimiser of ``phase`` (:func:`optimizer_settings`)."""
+        return optimizer_settings(self.cfg, self.round, phase)
+
     def make_optimizer(self, model: torch.nn.Module, phase: str = "local", params=None):
-        cfg = self.cfg
-        base = cfg.lr if phase == "local" else cfg.public_lr
-        lr = cfg.lr_at(base, self.round - 1 if self.round > 0 else 0)
-        wd = cfg.weight_decay if phase == "local" else 0.0
-        return make_optimizer(params if params is not None else model.parameters(), cfg.optimizer, lr, wd, cfg.momentum)
+        return self.optimizer_settings(phase).build(params if params is not None else model.parameters())
 
     def train_local(self, client: Client, loss_fn: Optional[LossFn] = None, epochs: Optional[int] = None,
                     optimizer=None, split: str = "private") -> float:
@@ -278,6 +296,7 @@ class Federation:
                 steps += 1
                 yield
         release_memory()  # engine.malloc_trim
+        self.round_steps[client.name] = self.round_steps.get(client.name, 0) + steps  # the round context's steps
         return total / max(steps, 1)
 
     def train_participants(self, clients: Optional[List[Client]] = None, loss_fn: Optional[LossFn] = None,
@@ -340,3 +359,39 @@ def summarise(rows: List[dict]) -> Dict[str, float]:
         vals = [out[f"{p}/{key}"] for p in by_part]
         out[f"avg/{key}"] = float(np.mean(vals)) if vals else float("nan")
     return out
+
+
+class PredictionHook:
+    """Forward hook on a participant's classifier ``head`` under ``scoring.predict: prototype``: in eval
+    mode (every evaluation) the head's output is replaced by ``method.prototype_scores(features)`` (the
+    nearest of the method's prototypes, scored like logits), computed from the head's input; in train mode,
+    and while the method has no prototypes (``None``), the head's own logits pass through. Weights and
+    ``state_dict`` are untouched; a deep copy of the model (frozen copies, inference copies) keeps the hook."""
+
+    def __init__(self, method):
+        self.method = method
+
+    def __call__(self, module, args, output):
+        if module.training:
+            return None
+        return self.method.prototype_scores(args[0])
+
+    def __deepcopy__(self, memo):
+        return self
+
+
+def install_prediction(fed: "Federation", method) -> None:
+    """Put one :class:`PredictionHook` of ``method`` on every participant's ``head`` when the scoring
+    predicts by prototypes, removing any earlier one (of an earlier method object on the same models)."""
+    for c in fed.clients:
+        head = getattr(c.model, "head", None)
+        if not isinstance(head, torch.nn.Module):
+            if fed.scoring.predict == "prototype":
+                raise TypeError(f"scoring.predict: prototype needs {c.arch}'s classifier `head` as a module, got "
+                                f"{type(head).__name__}")
+            continue
+        hooks = head._forward_hooks
+        for k in [k for k, h in hooks.items() if isinstance(h, PredictionHook)]:
+            del hooks[k]
+        if fed.scoring.predict == "prototype":
+            head.register_forward_hook(PredictionHook(method))

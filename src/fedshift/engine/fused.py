@@ -31,17 +31,11 @@ optimiser state untouched.
 Measured (../notes: one H100, fedavg_cnn_mnist, batch 10, 2 epochs of 600 images):
 3.3x at 10 clients, 18x at 100; none on a 2-core CPU. ``engine.fused_clients`` selects it.
 
-How a FedAvg-style method uses it (``local_update`` of the method)::
-
-    from ..engine.fused import fused_local_update, use_fused
-    def local_update(self, fed, r):
-        if use_fused(fed, fed.clients):
-            return fused_local_update(fed, fed.clients)
-        return super().local_update(fed, r)
-
-``fused_local_update`` loads the trained weights into each client's model and returns
-``{"<client>/train/local_loss": float}`` like the sequential loop (one host read).
-For a loss other than cross-entropy pass ``objective`` (see :func:`train_clients_fused`).
+How a method uses it: through its round context. ``ctx.train_participants(..., objective=...)``
+(:class:`~fedshift.engine.context.RoundContext`) trains the participants fused when the run decided to
+(:func:`decide_for_run`), else one after another; a method opts in with ``fused_objective(ctx)``
+(its local loss written for stacked weights). :func:`fused_train` loads the trained weights into each
+client's model and returns ``{"<client>/train/local_loss": float}`` like the sequential loop (one host read).
 """
 
 from __future__ import annotations
@@ -78,6 +72,12 @@ class FusedOptimizer:
     def __post_init__(self):
         if self.kind not in ("sgd", "adam"):
             raise ValueError(f"fused optimizer kind must be 'sgd' or 'adam', got {self.kind!r}")
+
+    @classmethod
+    def of(cls, settings) -> "FusedOptimizer":
+        """The optimiser of :class:`~fedshift.engine.federation.OptimizerSettings` (the one factory), stacked."""
+        return cls(kind=settings.kind, lr=settings.lr, momentum=settings.momentum if settings.kind == "sgd" else 0.0,
+                   weight_decay=settings.weight_decay)
 
 
 def check_fusable(model: nn.Module) -> None:
@@ -251,16 +251,6 @@ def train_clients_fused(model: nn.Module, client_batches: Sequence[Iterable[Batc
 
 
 # ---------------------------------------------------------------- engine glue
-def optimizer_from_engine(fed, phase: str = "local") -> FusedOptimizer:
-    """The optimiser :meth:`Federation.make_optimizer` would build, as a FusedOptimizer."""
-    cfg = fed.cfg
-    base = cfg.lr if phase == "local" else cfg.public_lr
-    lr = cfg.lr_at(base, fed.round - 1 if fed.round > 0 else 0)
-    wd = cfg.weight_decay if phase == "local" else 0.0
-    return FusedOptimizer(kind=cfg.optimizer, lr=lr, momentum=cfg.momentum if cfg.optimizer == "sgd" else 0.0,
-                          weight_decay=wd)
-
-
 def federation_batches(fed, client, epochs: int, split: str = "private") -> Iterable[Batch]:
     """The client's batches over ``epochs`` epochs, drawn as :meth:`Federation.train_local` draws them."""
     for _ in range(epochs):
@@ -373,52 +363,34 @@ def use_fused(fed, clients) -> bool:
     return fed.fused
 
 
-def fused_local_update(fed, clients, epochs: Optional[int] = None, objective: Optional[Objective] = None,
-                       split: str = "private") -> Dict[str, float]:
-    """Local updating of ``clients`` as one fused model; loads the results into their models.
+def fused_train(fed, clients, objective: Optional[Objective], start: Optional[Mapping[str, Tensor]] = None,
+                epochs: Optional[int] = None, split: str = "private") -> Tuple[Dict[str, float], Dict[str, Tensor]]:
+    """Local updating of ``clients`` as one fused model, each from ``start`` (one state for all: the
+    server-averaging round) or from its own current weights, with a fresh optimiser of the engine's
+    kind (:meth:`Federation.optimizer_settings`, as the sequential loop). Where the clients hold distinct
+    model objects each gets its trained weights back. Returns ``{"<client>/train/local_loss": float}``
+    (one host read) and the stacked trained parameters ``{name: (C, ...)}``.
 
-    Each client starts from its own current weights and uses a fresh optimiser of the
-    engine's kind (as ``Federation.train_local`` without ``optimizer``).
-    """
+    Memory: the stacked weights of these clients (plus optimiser state). Buffers (none trainable in a
+    BN-free model) are not trained."""
     epochs = fed.cfg.local_epochs if epochs is None else epochs
     model = clients[0].model
-    init = [dict(c.model.named_parameters()) for c in clients]
-    params, losses = train_clients_fused(model, [federation_batches(fed, c, epochs, split) for c in clients],
-                                         optimizer_from_engine(fed), init=init, objective=objective)
-    with torch.no_grad():
-        for i, c in enumerate(clients):
-            for n, p in c.model.named_parameters():
-                p.copy_(params[n][i])
-    values = losses.tolist()  # one host read for all clients
-    return {f"{c.name}/train/local_loss": float(v) for c, v in zip(clients, values)}
-
-
-def fused_round(fed, clients, weights: Sequence[float], objective: Optional[Objective],
-                global_state: Mapping[str, Tensor]) -> Tuple[Dict[str, float], Dict[str, Tensor]]:
-    """A server-averaging round's local updating, fused: every sampled client starts from
-    ``global_state``; returns the clients' losses and the weighted average of their weights.
-
-    Memory: the stacked weights of the sampled clients only (plus optimiser state). Buffers
-    (none trainable in a BN-free model) are the global ones. Where the clients hold distinct
-    model objects, each gets its trained weights back (as after the sequential loop).
-    """
-    model = clients[0].model
     fed.fused_rounds = getattr(fed, "fused_rounds", 0) + 1  # evidence that this path ran (tests, logs)
-    params, losses = train_clients_fused(model, [federation_batches(fed, c, fed.cfg.local_epochs) for c in clients],
-                                         optimizer_from_engine(fed), objective=objective)
+    init = [start] * len(clients) if start is not None else [dict(c.model.named_parameters()) for c in clients]
+    params, losses = train_clients_fused(model, [federation_batches(fed, c, epochs, split) for c in clients],
+                                         FusedOptimizer.of(fed.optimizer_settings("local")), init=init,
+                                         objective=objective)
     if len({id(c.model) for c in clients}) == len(clients):
         with torch.no_grad():
             for i, c in enumerate(clients):
                 for n, p in c.model.named_parameters():
                     p.copy_(params[n][i])
-    mean = weighted_mean_stacked(params, weights)
-    average = {k: (mean[k] if k in mean else v.detach().clone()) for k, v in global_state.items()}
     values = losses.tolist()  # one host read for all clients
     out = {}
     for c, v in zip(clients, values):
         fed.check_total(float(v), c.name, "local_loss")
         out[f"{c.name}/train/local_loss"] = float(v)
-    return out, average
+    return out, params
 
 
 def stack_parameters(model: nn.Module, models: Sequence[nn.Module]) -> Dict[str, Tensor]:

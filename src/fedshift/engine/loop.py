@@ -14,7 +14,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
@@ -105,6 +105,8 @@ class FederateJob:
     partial: Path
     inputs: Dict[str, str]
     record: Dict[str, Any]
+    #: the grid's scoring registry entries (fedshift.scoring.SCORERS): ``extras(rows, sizes)`` per evaluation
+    scorers: List[Any] = field(default_factory=list)
 
     @property
     def run_name(self) -> str:
@@ -141,19 +143,31 @@ class RunLoop:
         self.last_checkpoint = 0.0
 
     def evaluate(self, r: int) -> Dict[str, float]:
-        """Every participant on every domain's test set (+ the method's evaluation_extras); the summary."""
-        fed, method, eng = self.fed, self.method, self.eng
+        """Every participant on every domain's test set (FCCL+ Eq. 21-22), what the grid's scorers add
+        (``scoring.metrics``, e.g. FedH2L's pooled WDP/CDP/ACC) and, under ``engine.select: best_val``,
+        every participant's validation metrics; the summary."""
+        fed, eng = self.fed, self.eng
         t = time.time()
         rows = fed.evaluate()
-        extra_rows, extra = method.evaluation_extras(fed, rows)  # e.g. pooled WDP/CDP/ACC (+ validation ACC)
+        summ = summarise(rows)
+        sizes = {d: len(y) for d, (_, y) in fed.test_sets().items()}
+        extra_rows: List[dict] = []
+        for scorer in self.job.scorers:
+            s_rows, s_metrics = scorer.extras(rows, sizes)
+            summ.update(s_metrics)
+            if scorer.rows:
+                extra_rows += s_rows
+        if eng.select == "best_val":  # model selection on validation data (engine/selection.py)
+            v_rows, v_metrics = tune.validation_acc(fed)
+            summ.update(v_metrics)
+            if extra_rows:  # written beside the scorers' rows (FedH2L's report reads both)
+                extra_rows += v_rows
         self.timings["eval_s"] += time.time() - t
-        rows = rows + extra_rows if eng.pooled_rows else rows
+        rows = rows + extra_rows
         for row in rows:
             row["round"] = r
         self.all_rows.extend(rows)
-        summ = summarise([row for row in rows if row["domain"] not in ("pooled", "val")])
-        summ.update(extra)
-        self.tracker.log_metrics(method.tracked_metrics(summ, eng), step=r)
+        self.tracker.log_metrics(summ, step=r)
         return summ
 
     def resume(self, ckpt: Dict[str, Any]) -> int:
@@ -215,7 +229,7 @@ class RunLoop:
             fed.round = r
             t = time.time()
             skipped0, checked0 = fed.skipped_batches, fed.checked_batches
-            train_metrics = method.run_round(fed, r)
+            train_metrics = fed.run_round(r)
             self.timings["train_s"] += time.time() - t
             check_skipped(fed, eng, cfg["run_name"], fed.skipped_batches - skipped0, fed.checked_batches - checked0)
             check_metrics(fed, train_metrics)

@@ -72,22 +72,32 @@ def write_sampled(fed, out_dir) -> None:
     (Path(out_dir) / "sampled.csv").write_text("\n".join(lines) + "\n")
 
 
-def check_engine(method, cfg) -> None:
-    """Fail early when the engine asks for sampling / a shared model from a method that cannot honour it."""
+def check_engine(method, cfg, scoring=None) -> None:
+    """Fail early when the engine asks for sampling / a shared model from a method that cannot honour it,
+    or from a scoring protocol that scores every participant's own model (``scoring.eval_models: local``)."""
+    local = scoring is not None and scoring.eval_models == "local"
     # A method may say why it refuses (``per_client_state``: MOON's previous models, FedProc's prototypes).
     why = method.per_client_state or "trains every participant each round"
-    if (cfg.clients_per_round or cfg.client_fraction) and not method.supports_sampling:
+    sampling = bool(cfg.clients_per_round or cfg.client_fraction)
+    if sampling and not method.supports_sampling:
         raise ConfigError(f"engine.clients_per_round/client_fraction: method {method.name!r} {why}; "
-                          "client sampling needs a server-averaging method with eval_models: global "
-                          "(fedavg, fedprox, fedrs, fedmmd, fedmmd_l2, fedfusion_*)")
+                          "client sampling needs a server-averaging method "
+                          "(fedavg, fedprox, fedrs, fedmmd, fedmmd_l2, fedfusion_*, scaffold, fednova)")
+    if sampling and local:
+        raise ConfigError("engine.clients_per_round/client_fraction: scoring.eval_models: local scores each "
+                          "participant's own model after local updating, which a client that sat the round out "
+                          "did not train; use scoring.eval_models: global or drop client sampling")
     if cfg.server_model and not method.supports_server_model:
         raise ConfigError(f"engine.server_model: method {method.name!r} keeps a model per participant "
                           f"({method.per_client_state or 'its own weights'}); server_model needs a "
-                          "server-averaging method with eval_models: global (fedavg, fedprox, fedrs, fedmmd, fedfusion_*)")
-    if cfg.global_eval_every and method.eval_protocol == "local":
-        raise ConfigError(f"engine.global_eval_every: method {method.name!r} runs with eval_models: local, which "
-                          "scores each participant's own model and keeps no round-end global model; use "
-                          "eval_models: global or drop global_eval_every")
+                          "server-averaging method (fedavg, fedprox, fedrs, fedmmd, fedfusion_*)")
+    if cfg.server_model and local:
+        raise ConfigError("engine.server_model: scoring.eval_models: local keeps and scores each participant's "
+                          "own model, which one shared model cannot; use scoring.eval_models: global")
+    if cfg.global_eval_every and local:
+        raise ConfigError("engine.global_eval_every: scoring.eval_models: local scores each participant's own "
+                          "model and keeps no round-end global model; use scoring.eval_models: global or drop "
+                          "global_eval_every")
     if cfg.global_eval_every and not hasattr(method, "global_model"):
         raise ConfigError(f"engine.global_eval_every: method {method.name!r} has no global model to evaluate "
                           "(participants keep their own models); use the per-participant evaluation")
@@ -166,7 +176,7 @@ class GlobalEvaluator:
 
 
 def global_model(fed, method) -> torch.nn.Module:
-    return method.global_model(fed)
+    return method.global_model(fed.ctx)
 
 
 def rounds_to(curve: Sequence[Tuple[int, float]], targets: Sequence[float]) -> Dict[float, Optional[int]]:

@@ -6,3 +6,4 @@ from . import fedprox, moon, fedproc, fedrs, fml, fedmatch, rhfl, rcfl  # noqa: 
 from . import fedh2l, ind, agg  # noqa: F401
 from . import fedmmd, fedfusion  # noqa: F401
 from . import fedproto, fedtgp, fpl, fedheal, fdse  # noqa: F401  (issue 37: current domain-shift baselines)
+from . import scaffold, fednova  # noqa: F401  (issue 49: server steps on the round context)

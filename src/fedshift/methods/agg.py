@@ -22,6 +22,6 @@ class Agg(StepwiseMethod):
     name = "agg"
     Params = StepParams
 
-    def train_data(self, fed, c):
-        parts = [c.data.get("private")] + [o.data.get("public") for o in fed.clients]
+    def train_data(self, ctx, c):
+        parts = [c.data.get("private")] + [o.data.get("public") for o in ctx.participants]
         return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])

@@ -1,24 +1,31 @@
 """Method base class and the SOLO/BASE method.
 
-A federated method overrides only the hooks that differ (Flower / FLGo style):
+A federated method overrides only the hooks that differ (Flower / FLGo style). Every hook receives the
+round context ``ctx`` (:class:`fedshift.engine.context.RoundContext`, docs/extending.md "The round
+context"), the one door from the engine to a method:
 
 * ``Params``: a dataclass of hyper-parameters with commented defaults;
-* ``setup(fed)``: once, after models are built (and BASE checkpoints loaded);
-* ``collaborate(fed, r)``: the collaborative step of round ``r`` (public data,
-  parameter averaging...); the base class does nothing;
-* ``local_loss(fed, client, x, y, step)``: the batch loss of local updating (CE);
-* ``local_update(fed, r)``: runs local updating for every client;
-* ``after_round(fed, r)``: bookkeeping (teachers, global models);
+* ``setup(ctx)``: once, after models are built (and BASE checkpoints loaded);
+* ``collaborate(ctx)``: the collaborative step of round ``ctx.round`` (public data...); nothing by default;
+* ``local_loss(ctx, participant, x, y, step)``: the batch loss of local updating (CE);
+* ``local_update(ctx)``: local training of ``ctx.trained``;
+* ``server_step(ctx, start, trained)``: the server, after local training, under every scoring protocol:
+  the states each trained participant started from and ended with in, the server's delivery out
+  (participant name -> state, or None); the engine loads it now or at the next round's start, as the
+  grid's scoring protocol says, so no method asks which models are scored;
+* ``after_round(ctx)``: bookkeeping (teachers, figure data);
 * declared capabilities (``supports_sampling``, ``supports_server_model``, ``per_client_state``,
-  ``fused_auto_devices``) and optional hooks (``fused_objective``, ``run_summary``, ``artifacts``,
-  ``evaluation_extras``, ``select_headline``, ``tracked_metrics``), each with its default on
-  :class:`Method` (docs/extending.md);
+  ``fused_auto_devices``, ``requires``) and optional hooks (``fused_objective``, ``prototype_scores``,
+  ``run_summary``, ``artifacts``), each with its default on :class:`Method` (docs/extending.md);
 * ``state_dict()`` / ``load_state_dict(state)``: every piece of per-method and per-client
   state that lives across rounds (teachers, previous-round models, snapshots, prototypes,
-  anchors, server models, EMA values...), so an interrupted run resumes bit-identically.
+  anchors, control variates, EMA values...), so an interrupted run resumes bit-identically.
   Values are tensors, numbers, strings and nested dicts/lists of them (loadable with
-  ``torch.load(weights_only=True)``); the participants' own weights are saved by the
-  engine. The default holds nothing: a stateless method overrides neither.
+  ``torch.load(weights_only=True)``); the participants' own weights (and the server's pending
+  delivery) are saved by the engine. The default holds nothing: a stateless method overrides neither.
+
+How a run is scored (which models, the server's weighting, the metrics, prediction by prototypes) is the
+grid's ``scoring:`` block (:mod:`fedshift.scoring`), never a method's.
 
 ``base`` (SOLO/BASE, FCCL+ Tables VIII-IX first row) trains each participant on its
 private data alone: no collaboration.
@@ -28,45 +35,69 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, ClassVar, Dict, List, Literal, Mapping, Optional, Sequence, Tuple, Type
+from typing import Any, Callable, ClassVar, Dict, Literal, Mapping, Optional, Tuple, Type
 
 import torch
 import torch.nn.functional as F
 
 from ..config import resolve
+from ..engine.config import ScoringConfig
 from ..registry import Registry
-from . import pooled_metrics  # the evaluation protocol every method of a FedH2L grid is scored by
+
+State = Dict[str, torch.Tensor]
 
 METHODS: "Registry[Type[Method]]" = Registry(
     "method", group="fedshift.methods",
     check=lambda obj: "" if isinstance(obj, type) and issubclass(obj, Method) else "not a subclass of fedshift.methods.Method")
 
 
+#: Keys a method's Params no longer take: how a run is scored is the grid's (issue 49); config.resolve
+#: answers a grid that still sets one with one line naming the new place (``scoring.<key>``).
+MOVED_TO_SCORING: Dict[str, str] = {
+    key: f"the grid's scoring.{key} (scoring: is one protocol for every row of a report table)"
+    for key in ScoringConfig.former_method_keys}
+
+
 @dataclass(frozen=True)
 class BaseParams:
     init: Literal["scratch", "base"] = "scratch"  # start from random weights or the BASE (SOLO) checkpoints
+
+    moved_keys: ClassVar[Dict[str, str]] = MOVED_TO_SCORING
 
 
 @dataclass(frozen=True)
 class ServerParams(BaseParams):
     """What every server-averaging method (FedAvg and its family, plugins included) is configured by;
-    a method's own Params extend it with their fields (``class FedAvgMParams(ServerParams): beta: ...``)."""
-
-    weighting: Literal["samples", "uniform"] = "samples"  # McMahan 2017: weight client k by n_k
-    # global: score the round-end average (McMahan); local: average at the round's start, score each
-    # participant after local updating (FCCL+ authors' code, Table XV / CVPR Table 3; methods.fedavg docstring)
-    eval_models: Literal["global", "local"] = "global"
+    a method's own Params extend it with their fields (``class FedAvgMParams(ServerParams): beta: ...``).
+    Which models are scored and how the server weighs participants are the grid's ``scoring:``."""
 
 
-#: The keys of ServerParams that make a protocol: a table compares server-averaging rows fairly only
-#: when they agree on these (params/experiments.yaml's scenario_overrides set them per scenario).
-PROTOCOL_KEYS: Tuple[str, ...] = ("eval_models", "weighting")
+@dataclass(frozen=True)
+class Requirements:
+    """What a method needs of the engine and the data, checked by ``fedshift validate`` (and the workflow's
+    planning) before any job, one line naming the method and the requirement (:func:`check_requirements`)."""
+
+    optimizer: Optional[str] = None  # the engine.optimizer its arithmetic is derived for ("sgd" / "adam")
+    momentum: Optional[float] = None  # the engine.momentum it needs (SCAFFOLD's controls: 0, plain SGD)
+    public: bool = False  # an unlabeled public set (the grid block's `public:`)
+    base: bool = False  # the BASE (SOLO) checkpoints: a start or a teacher
 
 
-def server_family(cls: Type["Method"]) -> bool:
-    """Whether a method class belongs to the server-averaging (FedAvg) family: its Params extend
-    :class:`ServerParams` (plugins included). A scenario's protocol override reaches the whole family."""
-    return issubclass(cls.Params, ServerParams)
+def check_requirements(name: str, req: Requirements, engine, public: str, norms: Tuple[str, str] = ("", "")) -> None:
+    """Raise ConfigError (one line) when the job's engine settings or data miss what ``req`` asks."""
+    from ..errors import ConfigError
+
+    if req.optimizer is not None and engine.optimizer != req.optimizer:
+        raise ConfigError(f"method {name!r} requires engine.optimizer: {req.optimizer} (its update rule is derived "
+                          f"for it), the grid sets {engine.optimizer}")
+    if req.momentum is not None and engine.momentum != req.momentum:
+        raise ConfigError(f"method {name!r} requires engine.momentum: {req.momentum:g} (its update rule assumes "
+                          f"plain SGD steps), the grid sets {engine.momentum:g}")
+    if req.public and public == "none":
+        raise ConfigError(f"method {name!r} requires an unlabeled public set: add `public:` to the grid block")
+    if req.base and norms[0] != norms[1]:
+        raise ConfigError(f"method {name!r} requires the BASE checkpoints, but engine.norm ({norms[0]!r}) differs "
+                          f"from pretrain.norm ({norms[1]!r}), which trains them; make them equal")
 
 
 class Method:
@@ -88,7 +119,7 @@ class Method:
 
     # -- what the engine may do with the method (read by engine.sampling, engine.fused, resources) ----
     # Read-only properties here, so a subclass answers with a class attribute (``supports_sampling = True``)
-    # or a property of the instance (FedAvg's depend on eval_models) and a type checker accepts both.
+    # or a property of the instance and a type checker accepts both.
     @property
     def supports_sampling(self) -> bool:
         """Honours engine.clients_per_round / client_fraction (only some participants train in a round)."""
@@ -106,6 +137,9 @@ class Method:
 
     #: devices on which engine.fused_clients: auto fuses this method's clients (None: every device)
     fused_auto_devices: Optional[Tuple[str, ...]] = None
+    #: what it needs of the engine beyond the defaults (an optimiser kind, a momentum); public data and the
+    #: BASE checkpoints are read off ``uses_public`` and ``needs_base`` (:meth:`requirements`)
+    requires: ClassVar[Requirements] = Requirements()
 
     def __init__(self, params):
         self.p = params
@@ -113,24 +147,36 @@ class Method:
     @classmethod
     def needs_base(cls, params) -> bool:
         """Whether a job with these params needs the BASE (SOLO) checkpoints: to start from
-        (``init: base``) or as a teacher (the runner then puts them in ``fed.base_models``)."""
+        (``init: base``) or as a teacher (the runner then puts them in ``ctx.base_models``)."""
         return getattr(params, "init", "scratch") == "base"
 
+    def requirements(self) -> Requirements:
+        """Everything this method (with its params) needs, checked before any job (:func:`check_requirements`)."""
+        r = self.requires
+        return Requirements(r.optimizer, r.momentum, r.public or self.uses_public, r.base or self.needs_base(self.p))
+
     # -- hooks ---------------------------------------------------------------
-    def setup(self, fed) -> None:
+    def setup(self, ctx) -> None:
         pass
 
-    def collaborate(self, fed, r: int) -> Dict[str, float]:
+    def collaborate(self, ctx) -> Dict[str, float]:
         return {}
 
-    def local_loss(self, fed, client, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
+    def local_loss(self, ctx, client, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
         return F.cross_entropy(client.model(x), y)
 
-    def local_update(self, fed, r: int) -> Dict[str, float]:
+    def local_update(self, ctx) -> Dict[str, float]:
         # One participant after another, or interleaved on CUDA streams (engine.overlap_participants).
-        return fed.train_participants(loss_fn=lambda cl, x, y, s: self.local_loss(fed, cl, x, y, s))
+        return ctx.train_participants(loss_fn=lambda cl, x, y, s: self.local_loss(ctx, cl, x, y, s))
 
-    def after_round(self, fed, r: int) -> None:
+    def server_step(self, ctx, start: Mapping[str, State], trained: Mapping[str, State]) -> Optional[Dict[str, State]]:
+        """The server after local training, under every scoring protocol: ``start[name]`` / ``trained[name]``
+        are the states each participant of ``ctx.trained`` started local training from and ended it with;
+        returns participant name -> the state it receives (``ctx.to_all(state)``: one for everyone), or None
+        (no server: every participant keeps its model). The default: no server."""
+        return None
+
+    def after_round(self, ctx) -> None:
         pass
 
     @property
@@ -138,39 +184,22 @@ class Method:
         """Where the participants' weights start: 'scratch' or 'base' (the BASE checkpoints), ``Params.init``."""
         return getattr(self.p, "init", "scratch")
 
-    @property
-    def eval_protocol(self) -> str:
-        """Which model an evaluation scores: 'global' (the server's average) or 'local' (each participant's
-        own, after local updating), ``Params.eval_models``; 'global' for a method without that key."""
-        return getattr(self.p, "eval_models", "global")
-
     # -- optional hooks (the defaults do nothing) --------------------------------------------------
-    #: ``fused_objective(fed) -> engine.fused.Objective``: the local loss written for stacked weights, so
+    #: ``fused_objective(ctx) -> engine.fused.Objective``: the local loss written for stacked weights, so
     #: engine.fused_clients can train every client in one vmapped call; None = cannot be fused.
     fused_objective: Optional[Callable[[Any], Any]] = None
 
-    def run_summary(self, fed) -> Dict[str, Any]:
+    def prototype_scores(self, features: torch.Tensor) -> Optional[torch.Tensor]:
+        """Class scores (B, C) of a participant's features under ``scoring.predict: prototype`` (the nearest of
+        the method's prototypes scores highest), or None: the classifier predicts. Default: no prototypes."""
+        return None
+
+    def run_summary(self, ctx) -> Dict[str, Any]:
         """Extra numbers for the run's metrics.json at the end (e.g. FedH2L's communication bytes)."""
         return {}
 
     def artifacts(self, out_dir: Path) -> None:
         """Write extra files into the run folder being published (e.g. FCCL's figure data)."""
-
-    # -- what an evaluation adds, which evaluation the headline takes, what MLflow sees ------------------
-    # The defaults are FedH2L's protocol (papers/fedh2l.txt § IV, methods.pooled_metrics): every method of a
-    # FedH2L grid (engine.pooled_rows, engine.select: best_val) and every tuning candidate is scored by it.
-    def evaluation_extras(self, fed, rows: Sequence[Mapping]) -> Tuple[List[dict], Dict[str, float]]:
-        """Rows (rounds.csv, under engine.pooled_rows) and metrics one evaluation adds to its per-domain ``rows``."""
-        return pooled_metrics.extra_evaluation(fed, rows)
-
-    def select_headline(self, fed, history: Sequence[Mapping[str, float]], rounds: Sequence[int]
-                        ) -> Optional[Tuple[Dict[str, float], Dict[str, int]]]:
-        """(headline, participant -> selected round) picked from the evaluations; None: mean of the last last_k."""
-        return pooled_metrics.best_val_headline(history, rounds) if fed.cfg.select == "best_val" else None
-
-    def tracked_metrics(self, metrics: Mapping[str, float], engine) -> Dict[str, float]:
-        """The part of ``metrics`` logged to MLflow under ``engine`` (an EngineConfig); metrics.json keeps all."""
-        return dict(metrics) if pooled_metrics.tracked(engine) else pooled_metrics.without_h2l(metrics)
 
     # -- resumable state -----------------------------------------------------------
     #: attributes holding state across rounds (tensors, numbers, strings, dicts/lists of them): the default
@@ -191,12 +220,17 @@ class Method:
             if k in state:
                 setattr(self, k, state[k])
 
-    def run_round(self, fed, r: int) -> Dict[str, float]:
-        """One communication round; returns training metrics (losses) for tracking."""
-        metrics = dict(self.collaborate(fed, r) or {})
-        metrics.update(self.local_update(fed, r) or {})
-        self.after_round(fed, r)
+    def run_round(self, ctx) -> Dict[str, float]:
+        """The participants' part of a round (``collaborate``, then ``local_update``); the engine then runs
+        :meth:`server_step` and :meth:`after_round`. Returns training metrics (losses) for tracking."""
+        metrics = dict(self.collaborate(ctx) or {})
+        metrics.update(self.local_update(ctx) or {})
         return metrics
+
+    @classmethod
+    def has_prototypes(cls) -> bool:
+        """Whether the class overrides :meth:`prototype_scores` (``scoring.predict: prototype`` needs it)."""
+        return cls.prototype_scores is not Method.prototype_scores
 
 
 @METHODS.register("base")

@@ -72,26 +72,26 @@ class PublicOptimizerState(Method):
             return {}
         return {name: opt.state_dict() for name, opt in self._public_opts.items()}
 
-    def load_optimizer_state(self, fed, state: Mapping[str, Any]) -> None:
+    def load_optimizer_state(self, ctx, state: Mapping[str, Any]) -> None:
         self._public_opts = {}
-        by_name = {c.name: c for c in fed.clients}
+        by_name = {c.name: c for c in ctx.participants}
         for name, s in state.items():
             if name not in by_name:
                 raise ValueError(f"{self.name} state: unknown participant {name!r}; valid: {sorted(by_name)}")
-            opt = self._public_opts[name] = fed.make_optimizer(by_name[name].model, "public")
+            opt = self._public_opts[name] = ctx.make_optimizer(by_name[name].model, "public")
             opt.load_state_dict(s)
 
 
-def digest(fed, c, x_all: torch.Tensor, targets: torch.Tensor, loss_fn, epochs: int, key: str) -> float:
+def digest(ctx, c, x_all: torch.Tensor, targets: torch.Tensor, loss_fn, epochs: int, key: str) -> float:
     """Train participant ``c`` for ``epochs`` passes over ``x_all`` (public images) toward
     ``targets`` (one row per image) with ``loss_fn(logits, target_rows)``, batches of
     ``engine.public_batch`` in a fresh order per pass (``c.generator``), on a fresh public
     optimiser; non-finite losses follow ``engine.on_nonfinite``. Returns the mean loss.
     FedMD's digest and RCFL's distillation share it."""
-    opt = fed.make_optimizer(c.model, "public")
+    opt = ctx.make_optimizer(c.model, "public")
     c.model.train()
-    batch = fed.cfg.public_batch
-    total, steps = torch.zeros((), device=fed.device), 0
+    batch = ctx.public_batch
+    total, steps = torch.zeros((), device=ctx.device), 0
     for _ in range(epochs):
         order = torch.randperm(len(x_all), generator=c.generator).to(x_all.device)
         for s in range(0, len(x_all), batch):
@@ -99,10 +99,10 @@ def digest(fed, c, x_all: torch.Tensor, targets: torch.Tensor, loss_fn, epochs: 
             if len(sel) < 2:  # BatchNorm cannot train on one sample
                 continue
             loss = loss_fn(c.model(normalize(x_all[sel])), targets[sel.to(targets.device)])
-            if not fed.optimizer_step(opt, loss, c.name, key):
+            if not ctx.optimizer_step(opt, loss, c.name, key):
                 continue
             total += loss.detach()
             steps += 1
     mean = float(total / max(steps, 1))
-    fed.check_total(mean, c.name, key)
+    ctx.check_total(mean, c.name, key)
     return mean

@@ -148,14 +148,14 @@ class FCCL(AveragingMethod):
         """Whether a snapshot of the starting model (the intra-domain teacher theta^*) is kept."""
         return True
 
-    def setup(self, fed) -> None:
+    def setup(self, ctx) -> None:
         self._mode = "none"
         self._corr: Dict[int, Dict[str, np.ndarray]] = {}
-        self._corr_names: List[str] = [c.name for c in fed.clients]
-        base = getattr(fed, "base_models", None)
-        for i, c in enumerate(fed.clients):
+        self._corr_names: List[str] = [c.name for c in ctx.participants]
+        base = ctx.base_models
+        for i, c in enumerate(ctx.participants):
             # theta^{t-1} of round 1 is the participant's own starting model, theta^* its pretrained
-            # (BASE) model, which the runner provides in fed.base_models (the starting model itself
+            # (BASE) model, which the runner provides in ctx.base_models (the starting model itself
             # when the run starts from BASE, or when no checkpoint is given, e.g. in unit tests);
             # both are taken before a homogeneous run gives everyone participant 0's weights
             # (the authors' order).
@@ -163,10 +163,10 @@ class FCCL(AveragingMethod):
             c.state["teacher"] = c.state["prev"]
             if self.needs_pretrained():
                 c.state["pretrained"] = frozen_copy(base[i] if base else c.model)
-        self.init_state(fed)
-        self.setup_averaging(fed)
+        self.init_state(ctx)
+        self.setup_averaging(ctx)
 
-    def init_state(self, fed) -> None:
+    def init_state(self, ctx) -> None:
         """Per-participant state taken from the starting models (subclasses; before any averaging)."""
 
     # ---------------------------------------------------------- collaboration
@@ -181,10 +181,10 @@ class FCCL(AveragingMethod):
                                             [z for _, z in prev] if prev else None)
         return [fccm_loss(z, t, self.p.lam) for (_, z), t in zip(outs, targets)]
 
-    def collaborate(self, fed, r: int) -> Dict[str, float]:
+    def collaborate(self, ctx) -> Dict[str, float]:
         if not self.collaborates():
             return {}
-        clients = fed.clients
+        clients = ctx.participants
 
         def previous(xb):
             if self.p.target != "others_prev":
@@ -192,7 +192,7 @@ class FCCL(AveragingMethod):
             with torch.no_grad():
                 return [c.state["prev"].forward_with_features(xb) for c in clients]
 
-        if fed.cfg.public_graphs == "one":  # same maths, one participant's graph alive at a time
+        if ctx.public_graphs == "one":  # same maths, one participant's graph alive at a time
             cache: Dict[str, Any] = {}
 
             def losses(outs):
@@ -203,23 +203,23 @@ class FCCL(AveragingMethod):
                     cache["xb"], cache["prev"] = xb, previous(xb)
                 return c.model.forward_with_features(xb)
 
-            return self.public_step_one_graph(fed, forward, losses, "colla_loss")
+            return self.public_step_one_graph(ctx, forward, losses, "colla_loss")
 
         def batch_losses(xb):
             outs = [c.model.forward_with_features(xb) for c in clients]
             return self.colla_losses(outs, previous(xb))
 
-        return self.public_step(fed, batch_losses, "colla_loss")
+        return self.public_step(ctx, batch_losses, "colla_loss")
 
     # ---------------------------------------------------------- local updating
     def epoch_modes(self, epochs: int) -> List[str]:
         """The local distillation used in each local epoch of a round."""
         return ["dual" if self.p.lambda_loc > 0 else "none"] * epochs
 
-    def local_update(self, fed, r: int) -> Dict[str, float]:
-        runs = _runs(self.epoch_modes(fed.cfg.local_epochs))
+    def local_update(self, ctx) -> Dict[str, float]:
+        runs = _runs(self.epoch_modes(ctx.local_epochs))
         metrics = {}
-        for c in fed.clients:
+        for c in ctx.participants:
             teacher = c.state["prev"]
             if self.p.teacher == "collaborated":
                 # theta^e of FCCL+ Fig. 9: the model entering local updating (after colla. and averaging)
@@ -228,26 +228,26 @@ class FCCL(AveragingMethod):
             for t in (c.state["teacher"], c.state.get("pretrained")):
                 if t is not None:
                     t.train(self.p.teacher_bn == "train")
-            opt = fed.make_optimizer(c.model, "local")  # one optimiser per round, as the authors' code
+            opt = ctx.make_optimizer(c.model, "local")  # one optimiser per round, as the authors' code
             total, epochs = 0.0, 0
             for mode, n in runs:
                 self._mode = mode
-                total += n * fed.train_local(c, lambda cl, x, y, s: self.local_loss(fed, cl, x, y, s),
+                total += n * ctx.train_local(c, lambda cl, x, y, s: self.local_loss(ctx, cl, x, y, s),
                                              epochs=n, optimizer=opt)
                 epochs += n
             metrics[f"{c.name}/train/local_loss"] = total / max(epochs, 1)
-        self.end_local(fed)
+        self.end_local(ctx)
         return metrics
 
-    def end_local(self, fed) -> None:
+    def end_local(self, ctx) -> None:
         """After local updating (before any after_local averaging): save theta^{t-1} for next round."""
-        for c in fed.clients:
+        for c in ctx.participants:
             for key in ("prev", "collaborated", "pretrained"):
                 if c.state.get(key) is not None:
                     c.state[key].eval()  # the previous-round logits of target "others_prev" are eval-mode
             c.state["prev"] = refresh_copy(c.state["prev"], c.model)
 
-    def local_loss(self, fed, client, x, y, step):
+    def local_loss(self, ctx, client, x, y, step):
         logits = client.model(x)
         loss = F.cross_entropy(logits, y)
         if self._mode == "dual":
@@ -264,7 +264,7 @@ class FCCL(AveragingMethod):
         """Teachers (theta^{t-1}, theta^*, theta^e), EWC Fisher, the recorded Fig. 5 matrices and
         the public optimisers (see :class:`AveragingMethod`)."""
         clients = {}
-        for c in self._fed.clients:
+        for c in self._ctx.participants:
             st: Dict[str, Any] = {k: c.state[k].state_dict() for k in self.SNAPSHOTS if c.state.get(k) is not None}
             if "ewc" in c.state:
                 st["ewc_fisher"] = list(c.state["ewc"][1])
@@ -274,7 +274,7 @@ class FCCL(AveragingMethod):
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         super().load_state_dict(state)
-        for c in self._fed.clients:
+        for c in self._ctx.participants:
             st = state["clients"][c.name]
             for k in self.SNAPSHOTS:
                 if k in st:
@@ -290,9 +290,9 @@ class FCCL(AveragingMethod):
         self._corr = {int(r): {k: v.numpy() for k, v in m.items()} for r, m in state["corr"].items()}
 
     # ------------------------------------------------ cross-correlation figure
-    def after_round(self, fed, r: int) -> None:
-        if len(fed.clients) > 1 and corr_due(self.p.corr_every, r, fed.cfg.rounds):
-            self._corr[r] = correlation_matrices(fed, self.p.corr_samples)
+    def after_round(self, ctx) -> None:
+        if len(ctx.participants) > 1 and corr_due(self.p.corr_every, ctx.round, ctx.rounds):
+            self._corr[ctx.round] = correlation_matrices(ctx, self.p.corr_samples)
 
     def artifacts(self, out_dir: Path) -> None:
         """``cross_correlation.npz`` (rounds, participants, public/private: R x K x C x C) and a PNG."""

@@ -38,14 +38,14 @@ def corr_due(every, r: int, rounds: int) -> bool:
     return bool(every) and (r % every == 0 or r == rounds)
 
 
-def correlation_matrices(fed, samples: int) -> Dict[str, np.ndarray]:
+def correlation_matrices(ctx, samples: int) -> Dict[str, np.ndarray]:
     """Each participant's cross-correlation (Eq. 1) with the others' mean logits, eval mode.
 
     ``public``: on the first ``samples`` public images (no augmentation); ``private``:
     on participant i's first ``samples`` private images, every model scoring them.
     Returns arrays of shape (K, C, C). A constant logit column gives 0 (eps 1e-8).
     """
-    clients = fed.clients
+    clients = ctx.participants
     was = [c.model.training for c in clients]
     for c in clients:
         c.model.eval()
@@ -54,14 +54,14 @@ def correlation_matrices(fed, samples: int) -> Dict[str, np.ndarray]:
         others = torch.stack([z for j, z in enumerate(zs) if j != i]).mean(0)
         return cross_correlation(zs[i], others, eps=1e-8)
 
-    b = fed.cfg.eval_batch
+    b = ctx.eval_batch
 
     def logits(model, images: Tensor) -> Tensor:
         return torch.cat([model(normalize(images[s:s + b])).float() for s in range(0, len(images), b)])
 
     try:
-        with torch.inference_mode(), fed.amp():
-            pub = fed.data.public[:samples]
+        with torch.inference_mode(), ctx.amp():
+            pub = ctx.public[:samples]
             z_pub = [logits(c.model, pub) for c in clients]
             public = torch.stack([against_others(z_pub, i) for i in range(len(clients))])
             per_client = []

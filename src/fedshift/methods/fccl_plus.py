@@ -129,9 +129,9 @@ class FCCLPlus(FCCL):
         # participants themselves start from scratch.
         return params.init == "base" or params.distill == "dual"
 
-    def init_state(self, fed) -> None:
+    def init_state(self, ctx) -> None:
         if self.p.distill == "ewc":
-            self._update_ewc(fed)
+            self._update_ewc(ctx)
 
     # ---------------------------------------------------------- collaboration
     def collaborates(self) -> bool:
@@ -162,23 +162,23 @@ class FCCLPlus(FCCL):
         n_kd = int(self.p.kd_ratio * epochs + 0.5) if mode == "fntd" else 0  # round half up
         return ["kd"] * n_kd + [mode] * (epochs - n_kd)
 
-    def end_local(self, fed) -> None:
-        super().end_local(fed)
+    def end_local(self, ctx) -> None:
+        super().end_local(ctx)
         if self.p.distill == "ewc":
-            self._update_ewc(fed)
+            self._update_ewc(ctx)
 
-    def _update_ewc(self, fed) -> None:
+    def _update_ewc(self, ctx) -> None:
         """EWC anchor = theta^{e-1} (the model now), Fisher on the private data at the round's end."""
-        for c in fed.clients:
+        for c in ctx.participants:
             x, y = c.data.get("private")
-            b = fed.cfg.local_batch
+            b = ctx.local_batch
             batches = [(normalize(x[s:s + b]), y[s:s + b]) for s in range(0, len(y), b) if len(y[s:s + b]) > 1]
             fisher = diagonal_fisher(c.model, batches, F.cross_entropy)
             names = [n for n, q in c.model.named_parameters() if q.requires_grad]
             anchor = dict(c.state["prev"].named_parameters())
             c.state["ewc"] = ([anchor[n] for n in names], [fisher[n] for n in names])
 
-    def local_loss(self, fed, client, x, y, step):
+    def local_loss(self, ctx, client, x, y, step):
         model = client.model
         logits = model(x)
         loss = F.cross_entropy(logits, y)

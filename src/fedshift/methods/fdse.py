@@ -57,7 +57,8 @@ Official code read (file:line at WwZzz/FDSE_CVPR25 01f7bd7, ``algorithm/fdse.py`
   epochs, 500 rounds, every client each round (the two yml files);
 * the scored model is each client's own after local training (``logger/__init__.py:197-201``,
   ``c.test(c.model, ...)``; the client trains the model it holds in place, ``:212-214``, ``:222``):
-  ``eval_models: local``.
+  the grid's local scoring protocol (docs/methods.md; the server's packages reach the clients at the
+  next round's start, as the official ``iterate``'s communication does).
 
 Differs from the official code (and why):
 
@@ -75,12 +76,12 @@ Differs from the official code (and why):
 * the QP is solved exactly by an active-set method in float64 (:func:`min_norm_weights`) instead of
   cvxopt's interior point (not a dependency here); the min-norm point is unique, so the aggregate is
   the same up to the solver's tolerance;
-* ``eval_models: global`` (a switch; default ``local`` as the official logger) scores the round's
-  aggregate (shared + each client's personalised part) instead;
+* under the global scoring protocol every client holds (and is scored with) the round's aggregate,
+  shared + its personalised part, right after the server step;
 * the paper's regulariser was not compared line by line with the code (the paper text is not in
   the reference material): the code's form is implemented.
 
-Client sampling: only under ``eval_models: global`` (as FedAvg); ``engine.server_model`` and fused
+Client sampling: under the global scoring protocol (as FedAvg); ``engine.server_model`` and fused
 clients are refused (per-participant DSE layers; a custom round). ``init: base`` is refused: the
 decomposed layers have no BASE checkpoint. State across rounds (:meth:`FDSE.state_dict`): the
 global shared tensors and every client's personalised tensors.
@@ -98,7 +99,6 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
-from ..engine.sampling import round_clients
 from .base import METHODS, Method, ServerParams
 
 State = Dict[str, torch.Tensor]
@@ -106,9 +106,8 @@ State = Dict[str, torch.Tensor]
 
 @dataclass(frozen=True)
 class FDSEParams(ServerParams):
-    # weighting: unused (FDSE's aggregation weights are its own); eval_models: local = the official logger
-    # (logger/__init__.py:197-201, each client's own model after local training)
-    eval_models: Literal["global", "local"] = "local"
+    # the scoring's weighting is unused (FDSE's aggregation weights are its own); the official logger scores
+    # each client's own model after local training (logger/__init__.py:197-201): the grid's local protocol
     lmbd: float = 0.01  # weight of the consistency regulariser (algorithm/fdse.py:96)
     tau: float = 0.5  # temperature of the DSE similarity softmax (algorithm/fdse.py:96, :159)
     beta: float = 0.1  # layer weights softmax(beta * i) of the regulariser (algorithm/fdse.py:96, :233)
@@ -366,90 +365,75 @@ class FDSE(Method):
     Params: ClassVar[type] = FDSEParams
     requires_homogeneous = True
     weight_copies = 2  # per participant: its personalised DSE tensors; the global shared tensors
+    supports_sampling = True  # only the round's sampled clients train (under the global scoring protocol)
     supports_server_model = False
+    per_client_state = "keeps each participant's domain-skew erasers and their BatchNorm statistics"
     scenario_defaults = {
         "office_caltech": {"lmbd": 0.05, "tau": 0.5, "beta": 0.05},  # config/office/fdse.yml:1-4
         "pacs": {"lmbd": 0.5, "tau": 0.5, "beta": 0.001},  # config/pacs/fdse.yml:1-4
     }
 
-    @property
-    def local_protocol(self) -> bool:
-        return self.p.eval_models == "local"
+    _tc: Optional[_TrainContext] = None  # set by _train for the duration of one client's local training
 
-    @property
-    def supports_sampling(self) -> bool:
-        return not self.local_protocol
-
-    @property
-    def per_client_state(self) -> str:
-        return "keeps each participant's domain-skew erasers and their BatchNorm statistics"
-
-    _ctx: Optional[_TrainContext]  # set by _train for the duration of one client's local training
-
-    def setup(self, fed) -> None:
-        self._fed = fed
-        self._device = fed.device
+    def setup(self, ctx) -> None:
+        self._device = ctx.device
         self.layers: Dict[str, List[_BatchNorm]] = {}
         # the new layers' initialisation draws from the CPU generator only (whatever the device), from
         # the run's seed, and leaves every generator of the engine where it was
         with torch.random.fork_rng(devices=[]):
-            torch.random.default_generator.manual_seed(fed.seed)
-            for c in fed.clients:
+            torch.random.default_generator.manual_seed(ctx.seed)
+            for c in ctx.participants:
                 self.layers[c.name] = decompose(c.model, self.p.ratio, self.p.dw_size, self.p.dfe_bn)
-        state = fed.clients[0].model.state_dict()
-        for c in fed.clients[1:]:
+        state = ctx.participants[0].model.state_dict()
+        for c in ctx.participants[1:]:
             c.model.load_state_dict(state)
         self.kinds = {k: key_kind(k) for k in state}
         self.shared: State = {k: v.detach().clone() for k, v in state.items() if self.kinds[k] == "shared"}
         per = {k: v.detach().clone() for k, v in state.items() if self.kinds[k] == "personal"}
-        self.personal: Dict[str, State] = {c.name: {k: v.clone() for k, v in per.items()} for c in fed.clients}
+        self.personal: Dict[str, State] = {c.name: {k: v.clone() for k, v in per.items()} for c in ctx.participants}
 
-    def _receive(self, c) -> None:
-        """The server's package (algorithm/fdse.py:110-113, :212-214): shared + the client's personal tensors."""
-        c.model.load_state_dict({**self.shared, **self.personal[c.name]}, strict=False)
+    def local_update(self, ctx) -> Dict[str, float]:
+        """Each client of the round trains the package it holds (algorithm/fdse.py:212-214, :222): the
+        server's shared + its personalised tensors, delivered by the engine (:meth:`server_step`)."""
+        return {f"{c.name}/train/local_loss": self._train(ctx, c) for c in ctx.trained}
 
-    def local_update(self, fed, r: int) -> Dict[str, float]:
-        clients = fed.clients if self.local_protocol else round_clients(fed, r)
-        losses = {}
-        for c in clients:
-            self._receive(c)
-            losses[f"{c.name}/train/local_loss"] = self._train(fed, c, r)
-        self._aggregate(clients)
-        return losses
-
-    def _train(self, fed, c, r: int) -> float:
+    def _train(self, ctx, c) -> float:
         layers = self.layers[c.name]
         stats = [_tracked_stats(l) for l in layers]
-        reg = r > 1 and self.p.lmbd > 0
-        ctx = _TrainContext(g_means=[m.detach().clone() for m, _ in stats],
-                            g_vars=[v.detach().clone() for _, v in stats],
-                            weights=torch.softmax(torch.tensor([self.p.beta * i for i in range(len(layers))],
-                                                               dtype=torch.float64), 0).tolist(),
-                            momenta=[_ema_momentum(l) for l in layers] if reg else [], reg=reg)
-        hooks = [l.register_forward_hook(lambda mod, inp, out, i=i: ctx.feats.__setitem__(i, _channel_mean(inp[0])))
+        reg = ctx.round > 1 and self.p.lmbd > 0
+        tc = _TrainContext(g_means=[m.detach().clone() for m, _ in stats],
+                           g_vars=[v.detach().clone() for _, v in stats],
+                           weights=torch.softmax(torch.tensor([self.p.beta * i for i in range(len(layers))],
+                                                              dtype=torch.float64), 0).tolist(),
+                           momenta=[_ema_momentum(l) for l in layers] if reg else [], reg=reg)
+        hooks = [l.register_forward_hook(lambda mod, inp, out, i=i: tc.feats.__setitem__(i, _channel_mean(inp[0])))
                  for i, l in enumerate(layers)]
-        self._ctx = ctx
+        self._tc = tc
         try:
-            return fed.train_local(c, lambda cl, x, y, s: self.local_loss(fed, cl, x, y, s))
+            return ctx.train_local(c, lambda cl, x, y, s: self.local_loss(ctx, cl, x, y, s))
         finally:
             for h in hooks:
                 h.remove()
-            self._ctx = None
+            self._tc = None
 
-    def local_loss(self, fed, client, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
-        ctx = self._ctx
-        if ctx is not None:
-            ctx.feats.clear()
+    def local_loss(self, ctx, client, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
+        tc = self._tc
+        if tc is not None:
+            tc.feats.clear()
         loss = F.cross_entropy(client.model(x), y)
-        if ctx is None or not ctx.reg or not ctx.g_means:
+        if tc is None or not tc.reg or not tc.g_means:
             return loss
-        fn, vn = (None if t is None else t.detach() for t in (ctx.fn, ctx.vn))  # :269-270
-        feats = [ctx.feats[i] for i in range(len(ctx.g_means))]
-        reg, ctx.fn, ctx.vn = consistency_loss(feats, ctx.g_means, ctx.g_vars, ctx.weights, ctx.momenta, fn, vn)
+        fn, vn = (None if t is None else t.detach() for t in (tc.fn, tc.vn))  # :269-270
+        feats = [tc.feats[i] for i in range(len(tc.g_means))]
+        reg, tc.fn, tc.vn = consistency_loss(feats, tc.g_means, tc.g_vars, tc.weights, tc.momenta, fn, vn)
         return loss + self.p.lmbd * reg
 
-    def _aggregate(self, clients) -> None:
-        states = [c.model.state_dict() for c in clients]
+    def server_step(self, ctx, start: Mapping[str, State], trained: Mapping[str, State]) -> Dict[str, State]:
+        """The shared tensors fairly (min-norm QP), the trained clients' personalised ones by similarity; every
+        client receives shared + its personalised tensors (algorithm/fdse.py:110-113); its local DSE
+        running statistics stay its own."""
+        names = list(trained)
+        states = [trained[n] for n in names]
         new_shared: State = {}
         for k, cur in self.shared.items():
             if "num_batches_tracked" in k:  # algorithm/fdse.py:127-128
@@ -459,18 +443,12 @@ class FDSE(Method):
             else:
                 new_shared[k] = fair_aggregate(cur, [s[k] for s in states])
         self.shared = new_shared
-        for k in self.personal[clients[0].name]:
+        for k in self.personal[names[0]]:
             if "num_batches_tracked" in k:  # :152
                 continue
-            for c, t in zip(clients, similarity_aggregate([s[k] for s in states], self.p.tau)):
-                self.personal[c.name][k] = t.detach().clone()
-
-    def after_round(self, fed, r: int) -> None:
-        """``eval_models: global``: every client holds (and is scored with) its aggregate now; ``local``:
-        each keeps its trained model until the next round's package."""
-        if not self.local_protocol:
-            for c in fed.clients:
-                self._receive(c)
+            for n, t in zip(names, similarity_aggregate([s[k] for s in states], self.p.tau)):
+                self.personal[n][k] = t.detach().clone()
+        return {c.name: {**self.shared, **self.personal[c.name]} for c in ctx.participants}
 
     # -- resumable state ------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:

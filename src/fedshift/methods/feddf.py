@@ -77,9 +77,9 @@ class FedDF(AveragingMethod):
     uses_public = True
     paper_averaging = "before_local"  # FCCL+ authors' FedDF baseline in homogeneous mode
 
-    def collaborate(self, fed, r: int) -> Dict[str, float]:
+    def collaborate(self, ctx) -> Dict[str, float]:
         p = self.p
-        clients = fed.clients
+        clients = ctx.participants
 
         def batch_losses(xb):
             zs: List[Tensor] = [c.model(xb) for c in clients]
@@ -87,4 +87,4 @@ class FedDF(AveragingMethod):
                 target = ensemble_target([z.detach() for z in zs], p.tau, p.ensemble)
             return [soft_target_loss(z, target, p.tau) for z in zs]
 
-        return self.public_step(fed, batch_losses, "distill_loss")
+        return self.public_step(ctx, batch_losses, "distill_loss")

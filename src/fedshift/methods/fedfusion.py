@@ -46,10 +46,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..engine.federation import frozen_copy
-from ..engine.sampling import unique_models
 from ..losses import cross_entropy, ema
 from ..models.base import FedModel
-from .base import METHODS
+from .base import METHODS, ServerParams
 from .fedavg import ServerAveraging
 
 Operator = Literal["conv", "multi", "single"]
@@ -129,9 +128,9 @@ def feature_channels(model: FedModel, image_shape: Tuple[int, int, int], device)
 
 
 @dataclass(frozen=True)
-class FedFusionParams:
-    init: Literal["scratch", "base"] = "scratch"  # Algorithm 2 line 1: a fresh global model
-    weighting: Literal["samples", "uniform"] = "samples"  # Algorithm 2 line 7: sum_t n_t L_t / n
+class FedFusionParams(ServerParams):
+    # init scratch: Algorithm 2 line 1, a fresh global model; Algorithm 2 line 7 weighs clients by n_k
+    # (sum_t n_t L_t / n): the grid's scoring {weighting: samples}
     operator: Literal["conv", "multi", "single"] = "conv"  # § 3.2; the registered names fix it
     ema_decay: float = 0.9  # § 3.3 EMA of multi/single lambda, decay unstated: ~10-round window (module doc)
 
@@ -148,19 +147,19 @@ class FedFusion(ServerAveraging):
     Params = FedFusionParams
     operator: ClassVar[Optional[str]] = None  # fixed by the registered variants
 
-    def setup(self, fed) -> None:
+    def setup(self, ctx) -> None:
         op = self.p.operator
         wrapped: Dict[int, FusedModel] = {}
-        for m in unique_models(fed):
+        for m in {id(c.model): c.model for c in ctx.participants}.values():  # server_model: one
             base = cast(FedModel, m)  # the registry's models are FedModels
-            channels = feature_channels(base, fed.data.image_shape, fed.device)
-            wrapped[id(m)] = FusedModel(base, op, channels).to(fed.device)
-        for c in fed.clients:  # server-model mode: every client keeps sharing one module
+            channels = feature_channels(base, ctx.image_shape, ctx.device)
+            wrapped[id(m)] = FusedModel(base, op, channels).to(ctx.device)
+        for c in ctx.participants:  # server-model mode: every client keeps sharing one module
             c.model = wrapped[id(c.model)]
-        super().setup(fed)
-        self.global_net = cast(FusedModel, frozen_copy(fed.clients[0].model))  # E_g: refilled every round
+        super().setup(ctx)
+        self.global_net = cast(FusedModel, frozen_copy(ctx.participants[0].model))  # E_g: refilled every round
 
-    def begin_round(self, fed, r: int, global_state: Dict[str, torch.Tensor]) -> None:
+    def begin_round(self, ctx, global_state: Dict[str, torch.Tensor]) -> None:
         self.global_net.load_state_dict(global_state)
 
     def objective(self, call, params, x: torch.Tensor, y: torch.Tensor,
@@ -172,14 +171,14 @@ class FedFusion(ServerAveraging):
             g = self.global_net.base.feature_map(x)
         return cross_entropy(call(params, x, g), y, mask)
 
-    def local_loss(self, fed, client, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
+    def local_loss(self, ctx, client, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
         return self.objective(lambda _, inputs, g: client.model.fused_logits(inputs, g), None, x, y)
 
-    def fused_objective(self, fed):
+    def fused_objective(self, ctx):
         """:meth:`objective` on stacked weights (engine.fused_clients)."""
         return self.objective
 
-    def aggregate(self, fed, average: Dict[str, torch.Tensor], global_state: Dict[str, torch.Tensor]):
+    def aggregate(self, ctx, average: Dict[str, torch.Tensor], global_state: Dict[str, torch.Tensor]):
         if self.p.operator in ("multi", "single"):
             average["fusion.lam"] = ema(global_state["fusion.lam"], average["fusion.lam"], self.p.ema_decay)
         return average

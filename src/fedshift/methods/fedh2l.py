@@ -69,7 +69,7 @@ import torch
 import torch.nn.functional as F
 
 from ..data.loading import normalize
-from ..engine.fused import stack_parameters, stacked_forward, stacked_grads_aux, use_fused
+from ..engine.fused import stack_parameters, stacked_forward, stacked_grads_aux
 from ..errors import ConfigError
 from ..losses import batch_accuracy, h2l_mutual_loss, project_gradient
 from .base import METHODS
@@ -116,23 +116,23 @@ class FedH2L(StepwiseMethod):
     def global_weight_decay(self) -> float:
         return self.p.weight_decay if self.p.global_weight_decay else 0.0
 
-    def train_data(self, fed, c):
+    def train_data(self, ctx, c):
         """Private data, plus every domain's labeled seed split under ``local_data: private+seed``."""
         if self.p.local_data == "private":
             return c.data.get("private")
-        parts = [c.data.get("private")] + [o.data.get("public") for o in fed.clients]
+        parts = [c.data.get("private")] + [o.data.get("public") for o in ctx.participants]
         return torch.cat([x for x, _ in parts]), torch.cat([y for _, y in parts])
 
-    def setup(self, fed) -> None:
+    def setup(self, ctx) -> None:
         if self.p.mutual_forward == "concat":
-            for c in fed.clients:
+            for c in ctx.participants:
                 bn = next((n for n, m in c.model.named_modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)),
                           None)
                 if bn is not None:
                     raise ConfigError(f"methods.{self.name}.mutual_forward: concat equals per_peer only without "
                                       f"BatchNorm, but {c.name}'s {c.arch} has BatchNorm at {bn!r}; use per_peer")
-        super().setup(fed)
-        self.publics = [c.data.get("public") for c in fed.clients]
+        super().setup(ctx)
+        self.publics = [c.data.get("public") for c in ctx.participants]
         if self.p.public_labels and any(bool((y < 0).any()) for _, y in self.publics):
             raise ConfigError(f"methods.{self.name}.public_labels: true, but a participant's public split is "
                               "unlabeled; set public_labels: false")
@@ -156,14 +156,14 @@ class FedH2L(StepwiseMethod):
             out[a], out[b] = [b], [a]
         return out
 
-    def global_step(self, fed, r: int) -> None:
-        if r % self.p.E != 0:
+    def global_step(self, ctx) -> None:
+        if ctx.round % self.p.E != 0:
             return
-        clients = fed.clients
+        clients = ctx.participants
         n, b = len(clients), self.pub_batch
         # engine.fused_clients: the teaching forwards and the mutual steps of all nodes as one vmapped call
         # each, on the nodes' parameters stacked once (nothing steps between the two).
-        stacked = stack_parameters(clients[0].model, [c.model for c in clients]) if use_fused(fed, clients) else None
+        stacked = stack_parameters(clients[0].model, [c.model for c in clients]) if ctx.use_fused(clients) else None
         # Teaching signals: each node's posteriors and accuracy on a batch of its own domain's seed data.
         xs, ys, probs, accs = [], [], [], []
         with torch.no_grad():
@@ -184,21 +184,21 @@ class FedH2L(StepwiseMethod):
         peers = self.peers(n)
         edges = sum(len(m) for m in peers)
         if stacked is not None and peers[0] and len({len(m) for m in peers}) == 1:
-            kl_v, ce_v, conflict = self.fused_mutual_step(fed, stacked, peers, xs, ys, probs, accs)
+            kl_v, ce_v, conflict = self.fused_mutual_step(ctx, stacked, peers, xs, ys, probs, accs)
         else:  # sequential (or random pairs of an odd node count: a node without a partner this round)
-            kl_v, ce_v, conflict = self.mutual_steps(fed, peers, xs, ys, probs, accs)
+            kl_v, ce_v, conflict = self.mutual_steps(ctx, peers, xs, ys, probs, accs)
         self.accumulate("kl", kl_v)
         self.accumulate("ce", ce_v)
         self.accumulate("conflict", conflict)
         self.global_rounds += 1
         self.global_rounds_since += 1
-        self.comm_bytes += edges * (b * fed.num_classes * FLOAT_BYTES + FLOAT_BYTES + b * INDEX_BYTES)
+        self.comm_bytes += edges * (b * ctx.num_classes * FLOAT_BYTES + FLOAT_BYTES + b * INDEX_BYTES)
 
-    def mutual_steps(self, fed, peers, xs, ys, probs, accs):
+    def mutual_steps(self, ctx, peers, xs, ys, probs, accs):
         """Each node's mutual step in turn: Eq. 3 + 5 on its peers' batches, projected against g_loc."""
-        n, b = len(fed.clients), self.pub_batch
-        kl_v, ce_v, conflict = (torch.zeros(n, device=fed.device) for _ in range(3))
-        for i, (c, node) in enumerate(zip(fed.clients, self.nodes)):
+        n, b = len(ctx.participants), self.pub_batch
+        kl_v, ce_v, conflict = (torch.zeros(n, device=ctx.device) for _ in range(3))
+        for i, (c, node) in enumerate(zip(ctx.participants, self.nodes)):
             self.open_gloc(node)
             mine = peers[i]
             if mine:
@@ -217,12 +217,12 @@ class FedH2L(StepwiseMethod):
             self.close_gloc(node)
         return kl_v, ce_v, conflict
 
-    def fused_mutual_step(self, fed, stacked, peers, xs, ys, probs, accs):
+    def fused_mutual_step(self, ctx, stacked, peers, xs, ys, probs, accs):
         """Every node's mutual step as one vmapped forward/backward (engine.fused_clients; every node has
         the same number of peers). Each node's peer batches go through it in one pass, which equals
         ``per_peer`` because fused models have no BatchNorm; the projection against each node's g_loc
         and its global AMSGrad step then run per node on its row of the stacked flat gradients."""
-        fed.fused_mutual_rounds = getattr(fed, "fused_mutual_rounds", 0) + 1  # evidence that this path ran
+        ctx.record("fused_mutual_rounds")  # evidence that this path ran
         n_peers, b = len(peers[0]), self.pub_batch
         labelled, use_kl = self.p.public_labels, self.p.kl
         inputs = (torch.stack([torch.cat([xs[j] for j in mine]) for mine in peers]),
@@ -235,7 +235,7 @@ class FedH2L(StepwiseMethod):
                                             labels if labelled else None, kl=use_kl)
             return total, (kl, ce)
 
-        grads, _, (kl_v, ce_v) = stacked_grads_aux(fed.clients[0].model, stacked, inputs, objective)
+        grads, _, (kl_v, ce_v) = stacked_grads_aux(ctx.participants[0].model, stacked, inputs, objective)
         for node in self.nodes:
             self.open_gloc(node)
         conflict = ((grads * torch.stack([node.gloc for node in self.nodes])).sum(1) < 0).float()

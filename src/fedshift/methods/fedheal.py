@@ -41,17 +41,17 @@ Differs (and why):
   ``federated_model.py:212``, equal under full participation), and every sampled client
   starts from the global model (the official code reloads only the online clients,
   ``:188-189``, so a client that sat out trains on from its stale model);
-* ``eval_models: local`` (the FCCL+ benchmark's protocol): the HEAL aggregate of round r is
-  loaded at the start of round r+1 and each participant is scored after local updating.
+* under the grid's local scoring protocol (the FCCL+ benchmark's) the HEAL aggregate of round r
+  reaches the participants at the start of round r+1 and each is scored after local updating.
 
 ``fpl_heal`` (:class:`FPLHEAL`): FPL's clients under FedHEAL's server, the combination the paper
 names ("generic and can be combined with other existing FL methods", its abstract); the official repository
 ships only FedAvg + HEAL, so this pairing is fedshift's.
 
-Fused clients are refused by name (a custom round). State across rounds: each
-participant's direction history and participation count, the weights' EMA terms, the
-last update sizes, and under ``eval_models: local`` the pending global model
-(:meth:`FedHEAL.state_dict`).
+Fused clients are refused by name (a custom server). State across rounds: each
+participant's direction history and participation count, the weights' EMA terms and the
+last update sizes (:meth:`FedHEAL.state_dict`); the engine keeps a delivery waiting for the
+next round.
 """
 
 from __future__ import annotations
@@ -61,7 +61,6 @@ from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence
 
 import torch
 
-from ..engine.sampling import round_clients
 from .base import METHODS, ServerParams
 from .fedavg import ServerAveraging
 from .fpl import FPL
@@ -71,8 +70,8 @@ State = Dict[str, torch.Tensor]
 
 @dataclass(frozen=True)
 class FedHEALParams(ServerParams):
-    # init scratch (the authors' runs); eval_models global (FedHEAL utils/training.py:12-14 scores the global
-    # model), local: FCCL+ benchmark protocol; weighting: only how init: base averages the BASE models (the
+    # init scratch (the authors' runs); the authors score the global model (FedHEAL utils/training.py:12-14): the
+    # grid's global scoring protocol; its weighting only averages the BASE models under init: base (the
     # round's weights are FedHEAL's own)
     threshold: float = 0.3  # consistency an entry needs to be kept (FedHEAL main.py:52, --threshold)
     beta: float = 0.4  # EMA rate of the fair weights (FedHEAL main.py:53, --beta)
@@ -149,67 +148,49 @@ class FedHEAL(ServerAveraging):
     Params: ClassVar[type] = FedHEALParams  # ClassVar[type]: FPL+HEAL names its own
     weight_copies = 3  # per participant: its direction history; per round: its masked update and mask
 
-    def setup(self, fed) -> None:
-        super().setup(fed)
-        self._device = fed.device
+    def setup(self, ctx) -> None:
+        super().setup(ctx)
+        self._device = ctx.device
         self.history: Dict[str, State] = {}
         self.count: Dict[str, int] = {}
         self.sizes: Dict[str, float] = {}
         self.prev_w: Dict[str, float] = {}
         self.prev_delta: Dict[str, float] = {}
-        self.pending: Optional[State] = None  # eval_models: local: next round's start
 
-    def collaborate(self, fed, r: int) -> Dict[str, float]:
-        if self.local_protocol and self.pending is not None:
-            for c in fed.clients:
-                c.model.load_state_dict(self.pending)
-            self.pending = None
-        return {}
-
-    def local_update(self, fed, r: int) -> Dict[str, float]:
-        clients = fed.clients if self.local_protocol else round_clients(fed, r)
-        global_state = {k: v.detach().clone() for k, v in fed.clients[0].model.state_dict().items()}
-        param_names = [n for n, _ in fed.clients[0].model.named_parameters()]
-        losses, updates, masks = {}, [], []
-        for i, c in enumerate(clients):
-            if i and not self.local_protocol:  # the first client starts from the global model already
-                c.model.load_state_dict(global_state)
-            losses[f"{c.name}/train/local_loss"] = fed.train_local(
-                c, lambda cl, x, y, s: self.local_loss(fed, cl, x, y, s))
-            local = c.model.state_dict()
+    def server_step(self, ctx, start: Mapping[str, State], trained: Mapping[str, State]) -> Dict[str, State]:
+        """Each trained client's update ``global - local`` masked by its consistency, the fair weights, the
+        entry-wise masked aggregate (``models/fedavgheal.py:33-75``), for every participant."""
+        names = list(trained)
+        global_state = start[names[0]]  # every trained client started from the global model
+        param_names = [n for n, _ in ctx.participants[0].model.named_parameters()]
+        updates, masks = [], []
+        for n in names:
+            local = trained[n]
             update = {k: global_state[k] - local[k] for k in local if torch.is_floating_point(local[k])}
-            mask, self.history[c.name] = consistency_mask(update, self.history.get(c.name), self.count.get(c.name, 0),
-                                                          self.p.threshold)
-            self.count[c.name] = self.count.get(c.name, 0) + 1
+            mask, self.history[n] = consistency_mask(update, self.history.get(n), self.count.get(n, 0),
+                                                     self.p.threshold)
+            self.count[n] = self.count.get(n, 0) + 1
             masked = {k: u * mask[k] for k, u in update.items()}
-            self.sizes[c.name] = update_size(masked, param_names)
+            self.sizes[n] = update_size(masked, param_names)
             updates.append(masked)
             masks.append(mask)
-        freq, w, d = fair_weights([c.name for c in clients], self.sizes, self.prev_w, self.prev_delta, self.p.beta)
+        freq, w, d = fair_weights(names, self.sizes, self.prev_w, self.prev_delta, self.p.beta)
         self.prev_w.update(w)
         self.prev_delta.update(d)
         new = masked_aggregate(global_state, updates, masks, freq)
-        first = clients[0].model.state_dict()
+        first = trained[names[0]]
         new = {k: (new[k] if k in updates[0] else first[k].clone()) for k in global_state}
-        for c, f in zip(clients, freq):
-            losses[f"{c.name}/train/heal_weight"] = float(f)
-        if self.local_protocol:
-            self.pending, self._next_global = new, None
-        else:
-            self._next_global = new
-        return losses
+        ctx.log({f"{n}/train/heal_weight": float(f) for n, f in zip(names, freq)})
+        return ctx.to_all(new)
 
     # -- resumable state ------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
         cpu = lambda s: {k: v.detach().cpu().clone() for k, v in s.items()}  # noqa: E731
-        state = {"history": {n: cpu(h) for n, h in self.history.items()}, "count": dict(self.count),
-                 "sizes": dict(self.sizes), "prev_w": dict(self.prev_w), "prev_delta": dict(self.prev_delta)}
-        if self.pending is not None:
-            state["pending"] = cpu(self.pending)
-        return state
+        return {"history": {n: cpu(h) for n, h in self.history.items()}, "count": dict(self.count),
+                "sizes": dict(self.sizes), "prev_w": dict(self.prev_w), "prev_delta": dict(self.prev_delta)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        known = {"history", "count", "sizes", "prev_w", "prev_delta", "pending"}
+        known = {"history", "count", "sizes", "prev_w", "prev_delta"}
         unknown = sorted(set(state) - known)
         if unknown:
             raise ValueError(f"fedheal state has unknown keys {unknown}; expected {sorted(known)}")
@@ -219,13 +200,11 @@ class FedHEAL(ServerAveraging):
         self.sizes = {n: float(v) for n, v in state.get("sizes", {}).items()}
         self.prev_w = {n: float(v) for n, v in state.get("prev_w", {}).items()}
         self.prev_delta = {n: float(v) for n, v in state.get("prev_delta", {}).items()}
-        pending = state.get("pending")
-        self.pending = None if pending is None else {k: v.to(dev) for k, v in pending.items()}
 
 
 @dataclass(frozen=True)
 class FPLHEALParams(ServerParams):
-    # init, weighting (init: base only), eval_models: as fedheal
+    # init: as fedheal
     tau: float = 0.02  # FPL's contrast temperature (RethinkFL main.py:55)
     threshold: float = 0.3  # FedHEAL main.py:52
     beta: float = 0.4  # FedHEAL main.py:53
@@ -242,8 +221,9 @@ class FPLHEAL(FPL, FedHEAL):
 
     FedHEAL is "generic and can be combined with other existing FL methods" (the abstract in its
     README); the official repository ships only FedAvg + HEAL (``models/fedavgheal.py``), so this
-    combination is fedshift's: FPL's ``local_update`` runs FedHEAL's round (the method resolution
-    order puts FedHEAL's round under FPL's prototype step) and FPL's ``local_loss``.
+    combination is fedshift's: FPL's ``local_update`` and ``local_loss`` (the prototype terms, FINCH
+    prototypes of the round's clients), FedHEAL's ``server_step`` (the method resolution order finds it
+    before FedAvg's).
     """
 
     name = "fpl_heal"

@@ -97,33 +97,33 @@ class FedMatch(PublicOptimizerState, AveragingMethod):
     uses_public = True
     paper_averaging = "before_local"  # FCCL+ § 4.4: average between collaborative and local updating
 
-    def setup(self, fed) -> None:
-        super().setup(fed)
-        self._fed = fed
+    def setup(self, ctx) -> None:
+        super().setup(ctx)
+        self._ctx = ctx
         self.helper_index: List[List[int]] = []
 
     @torch.no_grad()
-    def rank_helpers(self, fed) -> List[List[int]]:
-        x = normalize(fed.data.public[: self.p.probe])
+    def rank_helpers(self, ctx) -> List[List[int]]:
+        x = normalize(ctx.public[: self.p.probe])
         outs = []
-        for c in fed.clients:
+        for c in ctx.participants:
             was = c.model.training
             c.model.eval()
             outs.append(F.softmax(c.model(x).float(), dim=1))
             c.model.train(was)
         return select_helpers(outs, self.p.helpers)
 
-    def collaborate(self, fed, r: int) -> Dict[str, float]:
+    def collaborate(self, ctx) -> Dict[str, float]:
         p = self.p
-        clients = fed.clients
-        self.helper_index = helpers = self.rank_helpers(fed)
-        confident = torch.zeros(len(clients), device=fed.device)  # share of public samples above the threshold
+        clients = ctx.participants
+        self.helper_index = helpers = self.rank_helpers(ctx)
+        confident = torch.zeros(len(clients), device=ctx.device)  # share of public samples above the threshold
         batches = [0]
 
         def batch_losses(raw):
             batches[0] += 1
-            xb = augment(raw, fed.cfg.public_aug, fed.aug_gen)
-            xs = augment(raw, "strong", fed.aug_gen) if p.strong_view else xb
+            xb = augment(raw, ctx.public_aug, ctx.aug_gen)
+            xs = augment(raw, "strong", ctx.aug_gen) if p.strong_view else xb
             zs = [c.model(xb) for c in clients]
             z_strong = [c.model(xs) for c in clients] if p.strong_view else zs
             with torch.no_grad():
@@ -133,7 +133,7 @@ class FedMatch(PublicOptimizerState, AveragingMethod):
                                             p.lambda_i, p.lambda_a) for i in range(len(clients))]
 
         # The shared collaborative loop (non-finite checks included) on raw batches: both views augment here.
-        metrics = self.public_step(fed, batch_losses, "colla_loss", aug="none")
+        metrics = self.public_step(ctx, batch_losses, "colla_loss", aug="none")
         shares = (confident / max(batches[0], 1)).tolist()
         metrics.update({f"{c.name}/train/confident": v for c, v in zip(clients, shares)})
         return metrics
@@ -146,4 +146,4 @@ class FedMatch(PublicOptimizerState, AveragingMethod):
         unknown = sorted(set(state) - {"public_opts"})
         if unknown:
             raise ValueError(f"fedmatch state has unknown keys {unknown}")
-        self.load_optimizer_state(self._fed, state.get("public_opts", {}))
+        self.load_optimizer_state(self._ctx, state.get("public_opts", {}))

@@ -89,35 +89,35 @@ class FedMD(ParameterAveraging, Method):
         super().__init__(params)
         self.uses_public = params.public_data == "unlabeled"
 
-    def setup(self, fed) -> None:
-        self.resolve_averaging(fed)
+    def setup(self, ctx) -> None:
+        self.resolve_averaging(ctx)
         self.transferred = False  # set once the transfer phase has run (saved in the checkpoint)
 
     @property
     def transfers(self) -> bool:
         return bool(self.p.transfer_epochs or self.p.transfer_private_epochs)
 
-    def transfer(self, fed) -> Dict[str, float]:
+    def transfer(self, ctx) -> Dict[str, float]:
         """FedMD's transfer learning: every participant trains ``transfer_epochs`` epochs on every
         participant's labelled public seed split (one shared D_0), then ``transfer_private_epochs``
         epochs on its own private data. Returns the mean loss of each phase per participant."""
         metrics = {}
         if self.p.transfer_epochs:
-            x_pub, y_pub = (torch.cat(t) for t in zip(*(c.data.get("public") for c in fed.clients)))
-            for c in fed.clients:
+            x_pub, y_pub = (torch.cat(t) for t in zip(*(c.data.get("public") for c in ctx.participants)))
+            for c in ctx.participants:
                 metrics[f"{c.name}/train/transfer_public_loss"] = digest(
-                    fed, c, x_pub, y_pub, F.cross_entropy, self.p.transfer_epochs, "transfer_public_loss")
+                    ctx, c, x_pub, y_pub, F.cross_entropy, self.p.transfer_epochs, "transfer_public_loss")
         if self.p.transfer_private_epochs:
-            losses = fed.train_participants(epochs=self.p.transfer_private_epochs)
+            losses = ctx.train_participants(epochs=self.p.transfer_private_epochs)
             metrics.update({k.replace("/local_loss", "/transfer_private_loss"): v for k, v in losses.items()})
         return metrics
 
-    def run_round(self, fed, r: int) -> Dict[str, float]:
+    def run_round(self, ctx) -> Dict[str, float]:
         metrics = {}
         if self.transfers and not self.transferred:
-            metrics.update(self.transfer(fed))
+            metrics.update(self.transfer(ctx))
             self.transferred = True
-        metrics.update(super().run_round(fed, r))
+        metrics.update(super().run_round(ctx))
         return metrics
 
     def state_dict(self):
@@ -130,23 +130,23 @@ class FedMD(ParameterAveraging, Method):
                              f"a checkpoint holding {sorted(state)}")
         self.transferred = bool(state.get("transferred", False))
 
-    def collaborate(self, fed, r: int) -> Dict[str, float]:
-        pub = fed.data.public if self.p.public_data == "unlabeled" else torch.cat(
-            [c.data.get("public")[0] for c in fed.clients])
-        idx = torch.randperm(len(pub), generator=fed.public_gen)[: self.p.public_subset].to(pub.device)
+    def collaborate(self, ctx) -> Dict[str, float]:
+        pub = ctx.public if self.p.public_data == "unlabeled" else torch.cat(
+            [c.data.get("public")[0] for c in ctx.participants])
+        idx = torch.randperm(len(pub), generator=ctx.public_gen)[: self.p.public_subset].to(pub.device)
         x_all = pub[idx]
         # Consensus: the mean of all participants' logits, in eval mode, in large batches.
         with torch.no_grad():
             scores = []
-            for c in fed.clients:
+            for c in ctx.participants:
                 c.model.eval()
-                scores.append(torch.cat([c.model(normalize(x_all[s:s + fed.cfg.eval_batch]))
-                                         for s in range(0, len(x_all), fed.cfg.eval_batch)]))
+                scores.append(torch.cat([c.model(normalize(x_all[s:s + ctx.eval_batch]))
+                                         for s in range(0, len(x_all), ctx.eval_batch)]))
                 c.model.train()
             consensus = torch.stack(scores).mean(0)
         metrics = {}
-        for c in fed.clients:
+        for c in ctx.participants:
             metrics[f"{c.name}/train/digest_loss"] = digest(
-                fed, c, x_all, consensus, lambda z, t: fedmd_digest_loss(z, t, self.p.digest_loss),
+                ctx, c, x_all, consensus, lambda z, t: fedmd_digest_loss(z, t, self.p.digest_loss),
                 self.p.digest_epochs, "digest_loss")
         return metrics

@@ -34,14 +34,14 @@ import torch
 
 from ..engine.federation import frozen_copy
 from ..losses import cross_entropy, mmd2_rbf, two_stream_l2
-from .base import METHODS
+from .base import METHODS, ServerParams
 from .fedavg import ServerAveraging
 
 
 @dataclass(frozen=True)
-class FedMMDParams:
-    init: Literal["scratch", "base"] = "scratch"  # Algorithm 1 line 1: a fresh global model
-    weighting: Literal["samples", "uniform"] = "samples"  # FedFusion Alg. 2 line 7 / FedAvg: weight by n_k
+class FedMMDParams(ServerParams):
+    # init scratch: Algorithm 1 line 1, a fresh global model; the server weighs clients by n_k (FedFusion
+    # Alg. 2 line 7 / FedAvg): the grid's scoring {weighting: samples}
     lam: float = 0.1  # § 4.2: "The penalty parameter lambda for L_MMD is set to 0.1"
     constraint: Literal["mmd", "l2"] = "mmd"  # Eq. 5 (MMD^2) or Figure 4's two-stream L2 baseline
     # Floor of the kernels' base width s (squared logit units; module doc). At initialisation every
@@ -57,9 +57,8 @@ class FedMMDParams:
 
 
 @dataclass(frozen=True)
-class FedMMDL2Params:
-    init: Literal["scratch", "base"] = "scratch"  # as FedMMD
-    weighting: Literal["samples", "uniform"] = "samples"  # as FedMMD
+class FedMMDL2Params(ServerParams):
+    # init: as FedMMD
     lam: float = 0.01  # § 4.2: L2 penalty 0.1 and 0.01 tried on CIFAR-10 (0.001 on MNIST: set it per scenario)
     constraint: Literal["l2"] = "l2"  # Figure 4's "two-stream model constrained by L2 norm"
 
@@ -78,14 +77,14 @@ class FedMMD(ServerAveraging):
     name = "fedmmd"
     Params: ClassVar[type] = FedMMDParams  # ClassVar[type]: FedMMDL2 names its own
 
-    def setup(self, fed) -> None:
-        super().setup(fed)
-        self.global_net = frozen_copy(fed.clients[0].model)  # one frozen copy, refilled every round
+    def setup(self, ctx) -> None:
+        super().setup(ctx)
+        self.global_net = frozen_copy(ctx.participants[0].model)  # one frozen copy, refilled every round
         self.penalty: Callable[..., torch.Tensor] = CONSTRAINTS[self.p.constraint]
         if self.p.constraint == "mmd":
             self.penalty = partial(mmd2_rbf, min_scale=self.p.min_kernel_scale)
 
-    def begin_round(self, fed, r: int, global_state: Dict[str, torch.Tensor]) -> None:
+    def begin_round(self, ctx, global_state: Dict[str, torch.Tensor]) -> None:
         self.global_net.load_state_dict(global_state)
 
     def objective(self, local: torch.Tensor, glob: torch.Tensor, y: torch.Tensor,
@@ -94,7 +93,7 @@ class FedMMD(ServerAveraging):
         real samples of a padded batch when ``mask`` (0/1 per row, engine.fused_clients) is given."""
         return cross_entropy(local, y, mask) + self.p.lam * self.penalty(glob, local, mask=mask)
 
-    def fused_objective(self, fed):
+    def fused_objective(self, ctx):
         """:meth:`objective` on stacked weights (engine.fused_clients): the frozen global stream runs
         on each client's padded batch."""
         glob_net = self.global_net
@@ -104,7 +103,7 @@ class FedMMD(ServerAveraging):
             return self.objective(local, glob_net(x).detach(), y, mask.to(local.dtype))
         return objective
 
-    def local_loss(self, fed, client, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
+    def local_loss(self, ctx, client, x: torch.Tensor, y: torch.Tensor, step: int) -> torch.Tensor:
         local = client.model(x)
         with torch.no_grad():
             glob = self.global_net(x)

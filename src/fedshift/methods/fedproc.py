@@ -23,8 +23,8 @@ weights by their class counts). Prototypes are computed after local updating wit
 the local model in eval mode over all private data (MarsFL collects them from the
 train-mode features of the last local epoch). The local optimiser is Adam.
 
-Scoring: ``eval_models`` as :mod:`fedshift.methods.fedavg` (``local`` in the FCCL+
-grids). The prototypes come from every participant's own model, so FedProc refuses
+Scoring: the grid's, as for :mod:`fedshift.methods.fedavg` (each participant's own model in the
+FCCL+ grids). The prototypes come from every participant's own model, so FedProc refuses
 client sampling and ``engine.server_model`` at validation.
 
 State across rounds: the global prototypes (C x d) and which classes have one.
@@ -84,20 +84,20 @@ class FedProc(FedAvg):
     supports_server_model = False
     per_client_state = "builds every participant's class prototypes from its own model"
 
-    def setup(self, fed) -> None:
-        super().setup(fed)
+    def setup(self, ctx) -> None:
+        super().setup(ctx)
         self.protos = None  # (C, d) global prototypes, None before the first aggregation
         self.present = None  # (C,) bool
         self._alpha = 0.0
-        self._device = fed.device
+        self._device = ctx.device
 
-    def local_update(self, fed, r: int) -> Dict[str, float]:
-        self._alpha = fedproc_alpha(r, fed.cfg.rounds, self.p.alpha, self.p.alpha_schedule)
-        metrics = super().local_update(fed, r)
-        self._update_prototypes(fed)  # with the local models, before FedAvg's averaging
+    def local_update(self, ctx) -> Dict[str, float]:
+        self._alpha = fedproc_alpha(ctx.round, ctx.rounds, self.p.alpha, self.p.alpha_schedule)
+        metrics = super().local_update(ctx)
+        self._update_prototypes(ctx)  # with the local models, before FedAvg's averaging
         return metrics
 
-    def local_loss(self, fed, client, x, y, step):
+    def local_loss(self, ctx, client, x, y, step):
         h, logits = client.model.forward_with_features(x)
         ce = F.cross_entropy(logits, y)
         if self.protos is None:
@@ -106,16 +106,16 @@ class FedProc(FedAvg):
         return (1 - self._alpha) * ce + self._alpha * pc
 
     @torch.no_grad()
-    def _update_prototypes(self, fed) -> None:
+    def _update_prototypes(self, ctx) -> None:
         protos, counts = [], []
-        for c in fed.clients:
+        for c in ctx.participants:
             x, y = c.data.get("private")
             was = c.model.training
             c.model.eval()
-            b = fed.cfg.eval_batch
+            b = ctx.eval_batch
             feats = torch.cat([c.model.features(normalize(x[s:s + b])) for s in range(0, len(y), b)])
             c.model.train(was)
-            p, n = class_prototypes(feats.float(), y, fed.num_classes)
+            p, n = class_prototypes(feats.float(), y, ctx.num_classes)
             protos.append(p)
             counts.append(n)
         self.protos, self.present = aggregate_prototypes(torch.stack(protos), torch.stack(counts),

@@ -45,17 +45,18 @@ Switches where the paper and the official codes part (defaults: the code):
   global prototypes, unsquared L2, summed over the batch's classes that have one); no published
   number was produced with it. Its scale differs (a sum of norms, not a mean of squares), so
   ``lamda`` does not carry over between the two.
-* scoring, ``scoring``. HtFLlib's ``test_metrics`` scores the nearest global prototype by MSE
-  (``clientproto.py:70-100``: ``argmin_j MSELoss(rep, g_j)``, classes without a global prototype
-  never chosen) = ``scoring: prototype`` (default): a forward hook on each participant's ``head``
-  (:class:`~fedshift.methods.prototypes.PrototypeScoring`) makes its eval-mode output
-  ``-MSE(rep, g_j)`` over the classes, so the engine's evaluation (top-1, top-5, intra/inter) reads
-  the nearest prototype with no change of its own. Before the first global prototypes (the round-0
-  evaluation) the classifier scores (HtFLlib reports accuracy 0 there, ``:99-100``).
-  ``scoring: head`` scores each participant's classifier: the other methods' protocol, and the
-  "w/o protos" number the paper's code prints beside its "with protos" one
-  (yuetan031/FedProto ``lib/update.py:470-488`` and ``:490-526``; the latter restricts the nearest
-  prototype to the client's own classes and is not reproduced). ``fedshift evaluate`` on a
+* scoring: the grid's (``scoring.predict``, issue 49), not a key of this method. HtFLlib's
+  ``test_metrics`` scores the nearest global prototype by MSE (``clientproto.py:70-100``:
+  ``argmin_j MSELoss(rep, g_j)``, classes without a global prototype never chosen) =
+  ``scoring: {predict: prototype}``: :meth:`FedProto.prototype_scores` gives ``-MSE(rep, g_j)`` over
+  the classes and the engine's prediction hook on each participant's ``head`` puts them in place of
+  its logits in eval mode, so the evaluation (top-1, top-5, intra/inter) reads the nearest prototype.
+  Before the first global prototypes (the round-0 evaluation) the classifier scores (HtFLlib reports
+  accuracy 0 there, ``:99-100``). ``predict: head`` (the default) scores each participant's
+  classifier: every other method's protocol, and the "w/o protos" number the paper's code prints
+  beside its "with protos" one (yuetan031/FedProto ``lib/update.py:470-488`` and ``:490-526``; the
+  latter restricts the nearest prototype to the client's own classes and is not reproduced). A table
+  compares FedProto with classifier-scored methods under ``predict: head``; ``fedshift evaluate`` on a
   published ``models.pt`` re-scores with the classifier: the global prototypes are not in that file.
 
 Differs (and why):
@@ -85,9 +86,8 @@ import torch
 import torch.nn.functional as F
 
 from ..data.loading import normalize
-from ..engine.sampling import round_clients, write_sampled
 from .base import METHODS, Method
-from .prototypes import PrototypeScoring, class_sums, mean_prototypes, pool_to, proto_mse_loss, proto_paper_loss
+from .prototypes import class_sums, mean_prototypes, nearest_prototype_scores, pool_to, proto_mse_loss, proto_paper_loss
 
 
 @dataclass(frozen=True)
@@ -102,9 +102,11 @@ class FedProtoParams:
     # code: per-sample MSE(rep, p_y) as both official codes (yuetan031/FedProto lib/update.py:161-171,
     # HtFLlib clientproto.py:47-53); paper: sum_j ||C_i^(j) - C^(j)||_2 on the batch's class means
     reg_form: Literal["code", "paper"] = "code"
-    # prototype: evaluation scores the nearest global prototype by MSE (HtFLlib clientproto.py:70-100);
-    # head: each participant's own classifier (the other methods' protocol)
-    scoring: Literal["prototype", "head"] = "prototype"
+
+    #: how a FedProto run is scored is the grid's (issue 49): the nearest-prototype prediction of HtFLlib is
+    #: scoring.predict: prototype (prototype_scores below)
+    moved_keys: ClassVar[Dict[str, str]] = {
+        "scoring": "the grid's scoring.predict (prototype: nearest global prototype; head: the classifier)"}
 
     def __post_init__(self):
         if self.lamda < 0 or self.proto_dim < 0:
@@ -130,23 +132,20 @@ class FedProto(Method):
     supports_server_model = False
     per_client_state = "keeps every participant's own model (prototype exchange, no parameter averaging)"
 
-    def setup(self, fed) -> None:
-        self._fed = fed
-        self._device = fed.device
-        self.num_classes = fed.num_classes
-        dims = [c.model.feature_dim for c in fed.clients]
+    def setup(self, ctx) -> None:
+        self._device = ctx.device
+        self.num_classes = ctx.num_classes
+        dims = [c.model.feature_dim for c in ctx.participants]
         self.dim = self.p.proto_dim or min(dims)
         self.protos: Optional[torch.Tensor] = None  # (C, d) global prototypes; None before the first upload
         self.present: Optional[torch.Tensor] = None  # (C,) bool
         self._acc: Dict[str, tuple] = {}  # participant -> (sums, counts) of this round's training reps
-        for c in fed.clients:  # scoring: head still removes an earlier method object's hook from these models
-            PrototypeScoring.install(c.model, self if self.p.scoring == "prototype" else None)
 
     # -- local updating --------------------------------------------------------------
     def rep(self, h: torch.Tensor) -> torch.Tensor:
         return pool_to(h, self.dim)
 
-    def local_loss(self, fed, client, x, y, step):
+    def local_loss(self, ctx, client, x, y, step):
         h, logits = client.model.forward_with_features(x)
         rep = self.rep(h)
         loss = F.cross_entropy(logits, y)
@@ -160,12 +159,12 @@ class FedProto(Method):
         return loss
 
     @torch.no_grad()
-    def eval_prototypes(self, fed, client):
+    def eval_prototypes(self, ctx, client):
         """(C, d) per-class mean of ``rep`` over the private data, eval mode, and (C,) counts."""
         x, y = client.data.get("private")
         was = client.model.training
         client.model.eval()
-        b = fed.cfg.eval_batch
+        b = ctx.eval_batch
         s: Optional[torch.Tensor] = None
         n: Optional[torch.Tensor] = None
         for i in range(0, len(y), b):
@@ -177,22 +176,22 @@ class FedProto(Method):
             raise ValueError(f"{client.name} has no private data to build prototypes from")
         return s / n.clamp(min=1).unsqueeze(1), n
 
-    def local_update(self, fed, r: int) -> Dict[str, float]:
-        clients = round_clients(fed, r)
+    def local_update(self, ctx) -> Dict[str, float]:
+        clients = ctx.trained  # only the round's (sampled) clients train and upload (serverproto.py:29-44)
         self._acc = {}
-        metrics = fed.train_participants(clients, loss_fn=lambda cl, x, y, s: self.local_loss(fed, cl, x, y, s))
+        metrics = ctx.train_participants(clients, loss_fn=lambda cl, x, y, s: self.local_loss(ctx, cl, x, y, s))
         uploads = []
         for c in clients:
             if self.p.local_protos == "training":
                 s, n = self._acc.pop(c.name)
                 uploads.append((s / n.clamp(min=1).unsqueeze(1), n))
             else:
-                uploads.append(self.eval_prototypes(fed, c))
+                uploads.append(self.eval_prototypes(ctx, c))
         self._acc = {}
-        self.aggregate(fed, r, uploads)
+        self.aggregate(ctx, uploads)
         return metrics
 
-    def aggregate(self, fed, r: int, uploads) -> None:
+    def aggregate(self, ctx, uploads) -> None:
         """Server: the global prototypes of the next round from this round's uploads."""
         self.protos, self.present = global_prototypes_step(uploads, self.num_classes)
 
@@ -212,6 +211,11 @@ class FedProto(Method):
         self.protos = state["protos"].to(self._device)
         self.present = state["present"].to(self._device, torch.bool)
 
-    def artifacts(self, out_dir) -> None:
-        """``sampled.csv``: the clients sampled in each round (absent when every client trains)."""
-        write_sampled(getattr(self, "_fed", None), out_dir)
+    # -- scoring: predict: prototype ------------------------------------------------
+    def prototype_scores(self, features: torch.Tensor) -> Optional[torch.Tensor]:
+        """HtFLlib's ``test_metrics`` (``clientproto.py:70-100``): ``-MSE(rep, g_j)`` per class, the nearest
+        global prototype highest, classes without one never chosen; None before the first global prototypes
+        (the round-0 evaluation: the classifier scores, HtFLlib reports 0 there)."""
+        if self.protos is None or self.present is None:
+            return None
+        return nearest_prototype_scores(self.rep(features), self.protos, self.present)

@@ -5,10 +5,9 @@ FedAvg whose local objective adds the proximal term ``(mu / 2) ||w - w_global||Â
 (:func:`fedshift.losses.prox_term`) over every trainable parameter, ``w_global`` being
 the model the participant received at the start of the round; mu = 0.01 (FCCL+
 Table VII). Everything else is :class:`~fedshift.methods.fedavg.FedAvg`: one global
-start, sample-weighted averaging of all parameters after local updating, or, with
-``eval_models: local`` (the FCCL+ grids; ``fccl+/models/fedprox.py:32-36``), a uniform
-average at the start of the round, ``w_global`` being that average, and each
-participant scored after local updating.
+start, the server's weighted average after local updating (under the FCCL+ grids' local
+scoring protocol, ``fccl+/models/fedprox.py:32-36``, received at the start of the next round,
+``w_global`` being that average, each participant scored after local updating).
 
 Kept: the proximal term and FedAvg's aggregation. Differs from the FedProx paper: no
 partial work (every participant runs the same number of local epochs, no stragglers
@@ -48,9 +47,9 @@ class FedProx(FedAvg):
     name = "fedprox"
     Params = FedProxParams
 
-    def begin_round(self, fed, r: int, global_state: Dict[str, torch.Tensor]) -> None:
-        # w_global: the weights every participant holds before local updating (both paths, both protocols)
-        self._anchor = {n: global_state[n] for n, q in fed.clients[0].model.named_parameters() if q.requires_grad}
+    def begin_round(self, ctx, global_state: Dict[str, torch.Tensor]) -> None:
+        # w_global: the weights every participant holds before local updating (both paths, every protocol)
+        self._anchor = {n: global_state[n] for n, q in ctx.participants[0].model.named_parameters() if q.requires_grad}
 
     def objective(self, call, params: Dict[str, torch.Tensor], x, y, mask=None) -> torch.Tensor:
         """CE + (mu/2)||w - w_global||Â², the one loss of both paths: ``call(params, x)`` runs the model;
@@ -60,14 +59,14 @@ class FedProx(FedAvg):
             loss = loss + prox_term(params, self._anchor, self.p.mu)
         return loss
 
-    def fused_objective(self, fed):
+    def fused_objective(self, ctx):
         """:meth:`objective` on stacked weights (engine.fused_clients)."""
         return self.objective
 
-    def after_round(self, fed, r: int) -> None:
-        super().after_round(fed, r)
+    def after_round(self, ctx) -> None:
+        super().after_round(ctx)
         self._anchor = {}  # no copy of the old global weights held between rounds
 
-    def local_loss(self, fed, client, x, y, step):
+    def local_loss(self, ctx, client, x, y, step):
         params = {n: q for n, q in client.model.named_parameters() if q.requires_grad}
         return self.objective(lambda _, inputs: client.model(inputs), params, x, y)

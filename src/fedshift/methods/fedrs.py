@@ -19,8 +19,7 @@ participant has few or no samples of get smaller updates. Two readings of s_c
 The scale multiplies ``w_c . h`` only: FedRepo's classifier has no bias
 (``networks/basic_nets.py:84``, ``bias=False``), ours has one, which stays unscaled
 (``z_c = s_c (w_c . h) + b_c``, :func:`fedshift.losses.restricted_logits`). alpha = 0.5
-(FCCL+ Table VII). Everything else is :class:`~fedshift.methods.fedavg.FedAvg`
-(``eval_models`` included).
+(FCCL+ Table VII). Everything else is :class:`~fedshift.methods.fedavg.FedAvg`.
 
 State: none across rounds (the scales come from the private labels).
 """
@@ -68,12 +67,12 @@ class FedRS(FedAvg):
     name = "fedrs"
     Params = FedRSParams
 
-    def setup(self, fed) -> None:
-        super().setup(fed)
-        for c in fed.clients:
-            counts = torch.bincount(c.data.get("private")[1], minlength=fed.num_classes)
-            c.state["scales"] = fedrs_class_scales(counts, self.p.alpha, self.p.restriction).to(fed.device)
+    def setup(self, ctx) -> None:
+        super().setup(ctx)
+        for c in ctx.participants:
+            counts = torch.bincount(c.data.get("private")[1], minlength=ctx.num_classes)
+            c.state["scales"] = fedrs_class_scales(counts, self.p.alpha, self.p.restriction).to(ctx.device)
 
-    def local_loss(self, fed, client, x, y, step):
+    def local_loss(self, ctx, client, x, y, step):
         bias = last_linear(client.model).bias
         return F.cross_entropy(restricted_logits(client.model(x), client.state["scales"], bias), y)

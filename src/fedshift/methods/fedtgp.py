@@ -95,24 +95,24 @@ class FedTGP(FedProto):
     name = "fedtgp"
     Params = FedTGPParams
 
-    def setup(self, fed) -> None:
-        super().setup(fed)
+    def setup(self, ctx) -> None:
+        super().setup(ctx)
         # The TGP's own stream: a child of the run's seed the federation does not use (it takes
         # children 0..K+2: clients, public, augmentation, sampling).
-        self._gen = torch.Generator().manual_seed(derive_seeds(fed.seed, len(fed.clients) + 4)[-1])
-        self.tgp = TrainableGlobalPrototypes(fed.num_classes, self.dim, self.p.hidden_dim or self.dim,
-                                             self._gen).to(fed.device)
+        self._gen = torch.Generator().manual_seed(derive_seeds(ctx.seed, len(ctx.participants) + 4)[-1])
+        self.tgp = TrainableGlobalPrototypes(ctx.num_classes, self.dim, self.p.hidden_dim or self.dim,
+                                             self._gen).to(ctx.device)
         self.margin = float("nan")
         self.server_loss = float("nan")
 
-    def aggregate(self, fed, r: int, uploads) -> None:
+    def aggregate(self, ctx, uploads) -> None:
         protos = torch.stack([p for p, _ in uploads])  # (K, C, d)
         has = torch.stack([n > 0 for _, n in uploads])  # (K, C)
         avg, present = mean_prototypes(protos, has)
         self.margin = adaptive_margin(avg, present, self.p.margin_threshold)
         # The uploaded (prototype, class) pairs, client by client as servertgp.py:95-99 lists them.
         k_idx, c_idx = torch.nonzero(has, as_tuple=True)
-        data, labels = protos[k_idx, c_idx].to(self.tgp.fc.weight.dtype), c_idx.to(fed.device)
+        data, labels = protos[k_idx, c_idx].to(self.tgp.fc.weight.dtype), c_idx.to(ctx.device)
         opt = torch.optim.SGD(self.tgp.parameters(), lr=self.p.server_lr)
         self.tgp.train()
         loss = torch.zeros(())
@@ -125,14 +125,14 @@ class FedTGP(FedProto):
                 loss.backward()
                 opt.step()
         self.server_loss = float(loss.detach())
-        fed.check_total(self.server_loss, "server", "tgp_loss")
+        ctx.check_total(self.server_loss, "server", "tgp_loss")
         self.tgp.eval()
         with torch.no_grad():
             self.protos = self.tgp().detach().clone()
-        self.present = torch.ones(fed.num_classes, dtype=torch.bool, device=self.protos.device)
+        self.present = torch.ones(ctx.num_classes, dtype=torch.bool, device=self.protos.device)
 
-    def local_update(self, fed, r: int) -> Dict[str, float]:
-        metrics = super().local_update(fed, r)
+    def local_update(self, ctx) -> Dict[str, float]:
+        metrics = super().local_update(ctx)
         metrics["server/train/tgp_loss"] = self.server_loss
         metrics["server/train/margin"] = self.margin
         return metrics

@@ -40,12 +40,9 @@ import copy
 from dataclasses import dataclass
 from typing import Any, Dict, Literal, Mapping
 
-import torch
-
 from ..engine.averaging import weighted_average
 from ..engine.federation import derive_seeds
 from ..losses import mutual_learning_losses
-from ..models import create_model
 from .base import METHODS, Method
 from .common import model_state
 from .homogeneous import ParameterAveraging
@@ -78,36 +75,31 @@ class FML(ParameterAveraging, Method):
     weight_copies = 2  # the meme model beside each private model
     Params = FMLParams
 
-    def setup(self, fed) -> None:
-        self.resolve_averaging(fed)
-        arch = self.p.meme_arch or fed.clients[0].arch
-        kwargs = {} if fed.cfg.norm == "default" else {"norm": fed.cfg.norm}
-        with torch.random.fork_rng(devices=[]):
-            torch.manual_seed(derive_seeds(fed.seed + 1, 1)[0])  # its own stream: private inits unchanged
-            meme = create_model(arch, num_classes=fed.num_classes, in_channels=fed.data.image_shape[0], **kwargs)
-        fmt = torch.channels_last if fed.cfg.channels_last else torch.contiguous_format
-        meme = meme.to(fed.device, memory_format=fmt)  # type: ignore[call-overload]  # Module.to takes it; torch's stubs omit it
-        self.memes = {c.name: copy.deepcopy(meme) for c in fed.clients}
+    def setup(self, ctx) -> None:
+        self.resolve_averaging(ctx)
+        arch = self.p.meme_arch or ctx.participants[0].arch
+        meme = ctx.build_model(arch, derive_seeds(ctx.seed + 1, 1)[0])  # its own stream: private inits unchanged
+        self.memes = {c.name: copy.deepcopy(meme) for c in ctx.participants}
         self.global_meme = model_state(meme)
 
-    def local_update(self, fed, r: int) -> Dict[str, float]:
+    def local_update(self, ctx) -> Dict[str, float]:
         metrics = {}
-        for c in fed.clients:
+        for c in ctx.participants:
             meme = self.memes[c.name]
             meme.load_state_dict(self.global_meme)
             meme.train()
-            opt = fed.make_optimizer(c.model, "local", params=list(c.model.parameters()) + list(meme.parameters()))
+            opt = ctx.make_optimizer(c.model, "local", params=list(c.model.parameters()) + list(meme.parameters()))
 
             def loss_fn(cl, x, y, step, meme=meme):
                 loss_local, loss_meme = mutual_learning_losses(cl.model(x), meme(x), y, self.p.alpha, self.p.beta)
                 return loss_local + loss_meme
 
-            metrics[f"{c.name}/train/local_loss"] = fed.train_local(c, loss_fn, optimizer=opt)
+            metrics[f"{c.name}/train/local_loss"] = ctx.train_local(c, loss_fn, optimizer=opt)
         return metrics
 
-    def after_round(self, fed, r: int) -> None:
-        states = [self.memes[c.name].state_dict() for c in fed.clients]
-        weights = [c.num_private if self.p.weighting == "samples" else 1.0 for c in fed.clients]
+    def after_round(self, ctx) -> None:
+        states = [self.memes[c.name].state_dict() for c in ctx.participants]
+        weights = [c.num_private if self.p.weighting == "samples" else 1.0 for c in ctx.participants]
         self.global_meme = {k: v.detach().cpu() for k, v in weighted_average(states, weights).items()}
 
     def state_dict(self) -> Dict[str, Any]:

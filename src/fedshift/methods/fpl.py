@@ -21,12 +21,12 @@ Official code read (file:line at WenkeHuang/RethinkFL 74201b37, 2024-12-29):
   mean of the cluster prototypes (``fpl.py:140-150``);
 * parameter averaging after local updating, weighted by the participants' sample counts
   (``fpl.py:131``, ``models/utils/federated_model.py:81-114``, ``main.py:53`` ``--averaing weight``),
-  and the global model scored (``utils/training.py:12-14``) = ``weighting: samples``,
-  ``eval_models: global``; ``eval_models: local`` gives the FCCL+ benchmark's protocol
-  (:mod:`fedshift.methods.fedavg`);
-* online clients (``fpl.py:124-126``, ``--online_ratio``): client sampling is honoured under
-  ``eval_models: global``; prototypes come from the sampled clients only (``proto_aggregation``
-  reads ``self.online_clients``, ``:54``);
+  and the global model scored (``utils/training.py:12-14``) = the grid's scoring
+  ``{weighting: samples}`` with the global models scored; the local protocol gives the FCCL+
+  benchmark's (:mod:`fedshift.methods.fedavg`);
+* online clients (``fpl.py:124-126``, ``--online_ratio``): client sampling is honoured (the global
+  protocol); prototypes come from the round's clients only (``proto_aggregation`` reads
+  ``self.online_clients``, ``:54``);
 * the engine settings of the authors' runs (not method parameters): SGD lr 0.01, momentum 0.9,
   weight decay 1e-5 (``fpl.py:136``, ``utils/best_args.py`` ``local_lr``), batch 64
   (``best_args.py``), 10 local epochs and 100 rounds (``main.py:36-37``).
@@ -46,14 +46,12 @@ prototypes and which classes have any (:meth:`FPL.state_dict`).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, ClassVar, Dict, Mapping, Optional
 
 import torch
 import torch.nn.functional as F
 
-from ..engine.sampling import round_clients
 from .base import METHODS, ServerParams
 from .fedavg import FedAvg
 from .prototypes import class_sums, fpl_prototype_loss, fpl_server_prototypes
@@ -61,20 +59,13 @@ from .prototypes import class_sums, fpl_prototype_loss, fpl_server_prototypes
 
 @dataclass(frozen=True)
 class FPLParams(ServerParams):
-    # init scratch (the authors' runs); weighting samples (RethinkFL main.py:53 --averaing weight);
-    # eval_models global (RethinkFL utils/training.py:12-14 scores the global model); local: FCCL+ protocol
+    # init scratch (the authors' runs); the authors' scoring (grid's scoring:): weighting samples (RethinkFL
+    # main.py:53 --averaing weight), the global model scored (RethinkFL utils/training.py:12-14)
     tau: float = 0.02  # temperature of the cluster-prototype contrast (RethinkFL main.py:55, --infoNCET)
 
     def __post_init__(self):
         if self.tau <= 0:
             raise ValueError(f"tau must be > 0, got {self.tau}")
-
-
-def steps_per_epoch(num_samples: int, batch: int) -> int:
-    """Optimiser steps in one epoch of :meth:`Federation.private_batches` (a one-sample remainder is dropped)."""
-    b = min(batch, num_samples)
-    n = math.ceil(num_samples / b)
-    return n - 1 if num_samples > 1 and num_samples % b == 1 else n
 
 
 @METHODS.register("fpl")
@@ -89,29 +80,28 @@ class FPL(FedAvg):
     unbiased: Optional[torch.Tensor]
     present: Optional[torch.Tensor]
 
-    def setup(self, fed) -> None:
-        super().setup(fed)
-        self._device = fed.device
+    def setup(self, ctx) -> None:
+        super().setup(ctx)
+        self._device = ctx.device
         self.clusters = self.owner = self.unbiased = self.present = None
         self._acc: Dict[str, tuple] = {}
 
-    def local_loss(self, fed, client, x, y, step):
+    def local_loss(self, ctx, client, x, y, step):
         h, logits = client.model.forward_with_features(x)
         loss = F.cross_entropy(logits, y)
         if (self.clusters is not None and self.owner is not None and self.unbiased is not None
                 and self.present is not None):  # all four set by the server, or none
             loss = loss + fpl_prototype_loss(h, y, self.clusters, self.owner, self.unbiased, self.present, self.p.tau)
-        if step // steps_per_epoch(client.num_private, fed.cfg.local_batch) == fed.cfg.local_epochs - 1:
-            s, n = class_sums(h.detach().to(torch.promote_types(h.dtype, torch.float32)), y, fed.num_classes)
+        if step // ctx.steps_per_epoch(client) == ctx.local_epochs - 1:  # the last local epoch
+            s, n = class_sums(h.detach().to(torch.promote_types(h.dtype, torch.float32)), y, ctx.num_classes)
             acc = self._acc.get(client.name)
             self._acc[client.name] = (s, n) if acc is None else (acc[0] + s, acc[1] + n)
         return loss
 
-    def local_update(self, fed, r: int) -> Dict[str, float]:
+    def local_update(self, ctx) -> Dict[str, float]:
         self._acc = {}
-        metrics = super().local_update(fed, r)
-        trained = fed.clients if self.local_protocol else round_clients(fed, r)
-        sums = [self._acc[c.name] for c in trained]
+        metrics = super().local_update(ctx)
+        sums = [self._acc[c.name] for c in ctx.trained]  # prototypes of the round's clients only
         self._acc = {}
         protos = torch.stack([s / n.clamp(min=1).unsqueeze(1) for s, n in sums])
         has = torch.stack([n > 0 for _, n in sums])

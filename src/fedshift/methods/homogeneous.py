@@ -22,7 +22,7 @@ code's position is the named variant ``fccl_avg_after`` (docs/fccl.md).
 and the key ``homogeneous_averaging`` of the method's Params chooses the position:
 
 * ``auto`` (default): average only when every participant has the same architecture
-  (``fed.homogeneous``), at the position of the method's paper (``paper_averaging``);
+  (``ctx.homogeneous``), at the position of the method's paper (``paper_averaging``);
   heterogeneous runs are untouched;
 * ``none``: never average (heterogeneous behaviour on a shared architecture);
 * ``before_local`` / ``after_local``: force a position; asking for it on a
@@ -66,10 +66,10 @@ def averaging_position(setting: str, homogeneous: bool, paper_position: str, met
     return setting
 
 
-def sync_start(fed) -> None:
+def sync_start(ctx) -> None:
     """Give every participant participant 0's weights (one global start, as FedAvg and the authors' code)."""
-    state = fed.clients[0].model.state_dict()
-    for c in fed.clients[1:]:
+    state = ctx.participants[0].model.state_dict()
+    for c in ctx.participants[1:]:
         c.model.load_state_dict(state)
 
 
@@ -84,42 +84,41 @@ class ParameterAveraging(Method):
 
     averaging: Optional[str] = None  # resolved position (None: no averaging)
 
-    def resolve_averaging(self, fed) -> None:
+    def resolve_averaging(self, ctx) -> None:
         """Resolve the position; when averaging, every participant starts from participant 0's weights.
 
         The authors' code does so in homogeneous mode whatever the start (random or
         BASE); averaging independent initialisations would shrink the weights.
         """
-        self.averaging = averaging_position(self.p.homogeneous_averaging, fed.homogeneous, self.paper_averaging,
+        self.averaging = averaging_position(self.p.homogeneous_averaging, ctx.homogeneous, self.paper_averaging,
                                             self.name)
         if self.averaging:
-            sync_start(fed)
+            sync_start(ctx)
 
-    def average(self, fed) -> None:
-        average_models(fed.clients, self.p.averaging_weights)
+    def average(self, ctx) -> None:
+        average_models(ctx.participants, self.p.averaging_weights)
 
-    def run_round(self, fed, r: int) -> Dict[str, float]:
-        metrics = dict(self.collaborate(fed, r) or {})
+    def run_round(self, ctx) -> Dict[str, float]:
+        metrics = dict(self.collaborate(ctx) or {})
         if self.averaging == "before_local":
-            self.average(fed)
-        metrics.update(self.local_update(fed, r) or {})
+            self.average(ctx)
+        metrics.update(self.local_update(ctx) or {})
         if self.averaging == "after_local":
-            self.average(fed)
-        self.after_round(fed, r)
-        return metrics
+            self.average(ctx)
+        return metrics  # the engine then runs after_round
 
 
 class AveragingMethod(ParameterAveraging, Method):
     """A public-data method whose round may average parameters before or after local updating."""
 
-    def setup_averaging(self, fed) -> None:
+    def setup_averaging(self, ctx) -> None:
         """:meth:`ParameterAveraging.resolve_averaging`, and the public-phase optimisers' table."""
-        self._fed = fed
+        self._ctx = ctx
         self._public_opts: Dict[str, torch.optim.Optimizer] = {}
-        self.resolve_averaging(fed)
+        self.resolve_averaging(ctx)
 
-    def setup(self, fed) -> None:
-        self.setup_averaging(fed)
+    def setup(self, ctx) -> None:
+        self.setup_averaging(ctx)
 
     def state_dict(self) -> Dict[str, Any]:
         """The public-phase optimisers' states when they persist (``fresh_optimizer: false``); a fresh
@@ -129,13 +128,13 @@ class AveragingMethod(ParameterAveraging, Method):
         return {"public_opts": {name: opt.state_dict() for name, opt in self._public_opts.items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        by_name = {c.name: c for c in self._fed.clients}
+        by_name = {c.name: c for c in self._ctx.participants}
         self._public_opts = {}
         for name, sd in state["public_opts"].items():
-            opt = self._public_opts[name] = self._fed.make_optimizer(by_name[name].model, "public")
+            opt = self._public_opts[name] = self._ctx.make_optimizer(by_name[name].model, "public")
             opt.load_state_dict(sd)
 
-    def public_optimizer(self, fed, c):
+    def public_optimizer(self, ctx, c):
         """Participant ``c``'s public-phase optimiser at this round's learning rate.
 
         One optimiser object per participant, made on first use. With the Params key
@@ -146,16 +145,16 @@ class AveragingMethod(ParameterAveraging, Method):
         """
         opt = self._public_opts.get(c.name)
         if opt is None:
-            opt = self._public_opts[c.name] = fed.make_optimizer(c.model, "public")
+            opt = self._public_opts[c.name] = ctx.make_optimizer(c.model, "public")
             return opt
         if self.p.fresh_optimizer:
             opt.state.clear()
-        lr = fed.cfg.lr_at(fed.cfg.public_lr, max(fed.round - 1, 0))  # as Federation.make_optimizer
+        lr = ctx.public_lr  # this round's, as ctx.make_optimizer(model, "public")
         for g in opt.param_groups:
             g["lr"] = lr
         return opt
 
-    def public_step(self, fed, batch_losses: Callable[[Tensor], List[Tensor]], key: str,
+    def public_step(self, ctx, batch_losses: Callable[[Tensor], List[Tensor]], key: str,
                     aug: Optional[str] = None) -> Dict[str, float]:
         """One collaborative pass over the public set.
 
@@ -166,14 +165,14 @@ class AveragingMethod(ParameterAveraging, Method):
         ``<participant>/train/<key>`` (one host sync per round). ``aug`` overrides
         ``engine.public_aug`` (``"none"``: raw batches, for methods that augment themselves).
         """
-        clients = fed.clients
-        totals = torch.zeros(len(clients), device=fed.device)
+        clients = ctx.participants
+        totals = torch.zeros(len(clients), device=ctx.device)
         steps = 0
-        for xb in fed.public_batches(aug=aug):
+        for xb in ctx.public_batches(aug=aug):
             for i, (c, loss) in enumerate(zip(clients, batch_losses(xb))):
-                if not fed.step_ok(loss, c.name, key):
+                if not ctx.step_ok(loss, c.name, key):
                     continue
-                opt = self.public_optimizer(fed, c)
+                opt = self.public_optimizer(ctx, c)
                 opt.zero_grad(set_to_none=True)
                 loss.backward()
                 opt.step()
@@ -182,10 +181,10 @@ class AveragingMethod(ParameterAveraging, Method):
         release_memory()  # engine.malloc_trim
         means = (totals / max(steps, 1)).tolist()
         for c, v in zip(clients, means):
-            fed.check_total(v, c.name, key)
+            ctx.check_total(v, c.name, key)
         return {f"{c.name}/train/{key}": v for c, v in zip(clients, means)}
 
-    def public_step_one_graph(self, fed, forward: Callable, losses: Callable, key: str) -> Dict[str, float]:
+    def public_step_one_graph(self, ctx, forward: Callable, losses: Callable, key: str) -> Dict[str, float]:
         """:meth:`public_step` with at most one participant's autograd graph alive (``engine.public_graphs: one``).
 
         ``forward(c, xb)`` gives participant ``c``'s outputs (tensors or tuples of them)
@@ -200,34 +199,34 @@ class AveragingMethod(ParameterAveraging, Method):
         the running statistics as one pass would, so the losses, gradients and updates
         are those of :meth:`public_step`, at the price of (at most) K-1 more forward passes.
         """
-        clients = fed.clients
-        cuda = fed.device.type == "cuda"
-        totals = torch.zeros(len(clients), device=fed.device)
+        clients = ctx.participants
+        cuda = ctx.device.type == "cuda"
+        totals = torch.zeros(len(clients), device=ctx.device)
         steps = 0
 
         def rng_state():
-            return torch.get_rng_state(), (torch.cuda.get_rng_state(fed.device) if cuda else None)
+            return torch.get_rng_state(), (torch.cuda.get_rng_state(ctx.device) if cuda else None)
 
         def set_rng_state(state):
             torch.set_rng_state(state[0])
             if cuda:
-                torch.cuda.set_rng_state(state[1], fed.device)
+                torch.cuda.set_rng_state(state[1], ctx.device)
 
         def step(i: int, outs: List) -> None:
-            opt = self.public_optimizer(fed, clients[i])
+            opt = self.public_optimizer(ctx, clients[i])
             loss = losses(outs)[i]
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
             totals[i] += loss.detach()
 
-        for xb in fed.public_batches():
+        for xb in ctx.public_batches():
             last = len(clients) - 1
             # Kept from the first pass: the last participant's graph, and that of each participant whose
             # blocks are checkpointed at this batch (engine.recompute) while the kept graphs fit the budget:
             # its graph holds only the blocks' inputs, so running it once with the graph replaces the
             # graph-free pass and the rerun.
-            keep = _kept_graphs(clients, len(xb), fed.cfg.recompute_budget_mb)
+            keep = _kept_graphs(clients, len(xb), ctx.recompute_budget_mb)
             states: List[Any] = []
             buffers: List[Optional[List[torch.Tensor]]] = []
             outs: List[Any] = []

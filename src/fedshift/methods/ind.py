@@ -37,7 +37,7 @@ class Ind(StepwiseMethod):
     name = "ind"
     Params = IndParams
 
-    def train_data(self, fed, c):
+    def train_data(self, ctx, c):
         """Own private split, plus the node's own domain's seed split under ``local_data: private+seed``."""
         if self.p.local_data == "private":
             return c.data.get("private")

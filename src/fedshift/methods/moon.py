@@ -16,10 +16,10 @@ cannot produce. Variants ``moon_tau5`` = {mu: 5} and ``moon_tau1`` = {mu: 1} in
 params/papers/fccl_plus_table15*.yaml; the temperature reading is kept as
 ``moon_temp5`` / ``moon_temp1`` = {tau: 5} / {tau: 1}.
 
-Scoring (``eval_models``, :mod:`fedshift.methods.fedavg`): the FCCL+ grids score each
-participant's model after local updating, averaged uniformly at the round's start
+Scoring (the grid's, :mod:`fedshift.methods.fedavg`): the FCCL+ grids score each
+participant's model after local updating, the uniform average received at the next round's start
 (``moon.py:37-43``: ``aggregate_nets(None)`` first, ``copy_nets2_prevnets`` after
-training); the previous model is then the participant's own local model either way.
+training); the previous model is the participant's own local model under every protocol.
 Per-participant state makes MOON refuse client sampling and ``engine.server_model``
 at validation.
 
@@ -82,18 +82,21 @@ class MOON(FedAvg):
     supports_server_model = False
     per_client_state = "keeps every participant's previous local model (the negative pair)"
 
-    def setup(self, fed) -> None:
-        super().setup(fed)
-        self._clients = list(fed.clients)
+    def setup(self, ctx) -> None:
+        super().setup(ctx)
+        self._clients = list(ctx.participants)
         self._prev: Dict[str, torch.nn.Module] = {}  # participant -> its previous local model (frozen)
         self._global: Dict[str, torch.nn.Module] = {}  # participant -> this round's global model (frozen)
 
-    def local_update(self, fed, r: int) -> Dict[str, float]:
-        for c in fed.clients:  # the global model of this round: what the participant holds now
+    def local_update(self, ctx) -> Dict[str, float]:
+        for c in ctx.participants:  # the global model of this round: what the participant holds now
             self._global[c.name] = refresh_copy(self._global.get(c.name), c.model)
-        return super().local_update(fed, r)
+        metrics = super().local_update(ctx)
+        for c in ctx.participants:  # the local model, before the server's average, is next round's negative
+            self._prev[c.name] = refresh_copy(self._prev.get(c.name), c.model)
+        return metrics
 
-    def local_loss(self, fed, client, x, y, step):
+    def local_loss(self, ctx, client, x, y, step):
         h, logits = client.model.forward_with_features(x)
         loss = F.cross_entropy(logits, y)
         prev = self._prev.get(client.name)
@@ -106,11 +109,6 @@ class MOON(FedAvg):
                 h_prev = cast(FedModel, prev).features(x)
             loss = loss + self.p.mu * moon_contrastive_loss(h, h_glob, h_prev, self.p.tau)
         return loss
-
-    def after_round(self, fed, r: int) -> None:
-        for c in fed.clients:  # the local model, before averaging, is next round's negative
-            self._prev[c.name] = refresh_copy(self._prev.get(c.name), c.model)
-        super().after_round(fed, r)
 
     def state_dict(self) -> Dict[str, Any]:
         return {"prev": {name: model_state(m) for name, m in self._prev.items()}}

@@ -69,42 +69,6 @@ def nearest_prototype_scores(rep: Tensor, protos: Tensor, present: Tensor) -> Te
     return (-d).masked_fill(~present.to(torch.bool, copy=False).unsqueeze(0), float("-inf"))
 
 
-class PrototypeScoring:
-    """Forward hook on a participant's classifier ``head`` for ``scoring: prototype``: in eval mode
-    (every evaluation the engine runs) the head's output is replaced by
-    :func:`nearest_prototype_scores` of the method's current global prototypes, computed from the
-    head's input (the features ``h``, pooled by ``method.rep``); in train mode, and before any
-    global prototype exists, the head's own logits pass through. So the engine scores the nearest
-    prototype without a change of its own; the weights and ``state_dict`` are untouched.
-
-    A deep copy of the model (frozen copies) keeps this same hook, which reads the method's prototypes."""
-
-    def __init__(self, method):
-        self.method = method
-
-    def __call__(self, module, args, output):
-        m = self.method
-        if module.training or m.protos is None:
-            return None
-        return nearest_prototype_scores(m.rep(args[0]), m.protos, m.present)
-
-    def __deepcopy__(self, memo):
-        return self
-
-    @staticmethod
-    def install(model: nn.Module, method) -> None:
-        """Put one such hook on ``model.head``, removing any earlier one (of an earlier method object);
-        ``method=None`` only removes."""
-        head = model.head
-        if not isinstance(head, nn.Module):
-            raise TypeError(f"nearest-prototype scoring needs the model's classifier `head` as a module, got {type(head).__name__}")
-        hooks = head._forward_hooks
-        for k in [k for k, h in hooks.items() if isinstance(h, PrototypeScoring)]:
-            del hooks[k]
-        if method is not None:
-            head.register_forward_hook(PrototypeScoring(method))
-
-
 def class_sums(rep: Tensor, labels: Tensor, num_classes: int) -> Tuple[Tensor, Tensor]:
     """Per-class sums of ``rep`` rows (C, d) and counts (C,), to accumulate prototypes over batches."""
     sums = torch.zeros(num_classes, rep.shape[1], dtype=rep.dtype, device=rep.device)

@@ -74,40 +74,40 @@ class RCFL(ParameterAveraging, Method):
     Params = RCFLParams
     uses_public = True
 
-    def setup(self, fed) -> None:
-        self.resolve_averaging(fed)
-        self._device = fed.device
+    def setup(self, ctx) -> None:
+        self.resolve_averaging(ctx)
+        self._device = ctx.device
         self.index: Optional[torch.Tensor] = None  # public indices scored last round (CPU, int64)
         self.scores: Optional[torch.Tensor] = None  # (n, C) aggregated scores on them
-        self.class_mask = torch.stack([torch.bincount(c.data.get("private")[1], minlength=fed.num_classes) > 0
-                                       for c in fed.clients])
+        self.class_mask = torch.stack([torch.bincount(c.data.get("private")[1], minlength=ctx.num_classes) > 0
+                                       for c in ctx.participants])
 
-    def collaborate(self, fed, r: int) -> Dict[str, float]:
+    def collaborate(self, ctx) -> Dict[str, float]:
         if self.scores is None or self.index is None or self.p.distill_epochs == 0:  # both None before round 1's scores
             return {}
-        pub = fed.data.public
+        pub = ctx.public
         x_all = pub[self.index.to(pub.device)]
-        target = self.scores.to(fed.device)
+        target = self.scores.to(ctx.device)
         tau = self.p.tau
-        return {f"{c.name}/train/distill_loss": digest(fed, c, x_all, target, lambda z, t: soft_target_loss(z, t, tau),
+        return {f"{c.name}/train/distill_loss": digest(ctx, c, x_all, target, lambda z, t: soft_target_loss(z, t, tau),
                                                        self.p.distill_epochs, "distill_loss")
-                for c in fed.clients}
+                for c in ctx.participants}
 
     @torch.no_grad()
-    def after_round(self, fed, r: int) -> None:
-        pub = fed.data.public
-        idx = torch.randperm(len(pub), generator=fed.public_gen)[: self.p.public_subset]
+    def after_round(self, ctx) -> None:
+        pub = ctx.public
+        idx = torch.randperm(len(pub), generator=ctx.public_gen)[: self.p.public_subset]
         x_all = pub[idx.to(pub.device)]
-        b = fed.cfg.eval_batch
+        b = ctx.eval_batch
         scores = []
-        for c in fed.clients:
+        for c in ctx.participants:
             was = c.model.training
             c.model.eval()
             z = torch.cat([c.model(normalize(x_all[s:s + b])) for s in range(0, len(x_all), b)])
             c.model.train(was)
             scores.append(F.softmax(z.float() / self.p.tau, dim=1))
         self.index = idx
-        self.scores = classwise_aggregate(torch.stack(scores), self.class_mask.to(fed.device)).cpu()
+        self.scores = classwise_aggregate(torch.stack(scores), self.class_mask.to(ctx.device)).cpu()
 
     def state_dict(self) -> Dict[str, Any]:
         if self.scores is None or self.index is None:

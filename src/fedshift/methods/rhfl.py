@@ -69,21 +69,21 @@ class RHFL(PublicOptimizerState, AveragingMethod):
     uses_public = True
     paper_averaging = "before_local"  # FCCL+ § 4.4: average between collaborative and local updating
 
-    def setup(self, fed) -> None:
-        super().setup(fed)
-        self._fed = fed
+    def setup(self, ctx) -> None:
+        super().setup(ctx)
+        self._ctx = ctx
         self.prev_losses: Optional[List[float]] = None
         self.weights: Optional[torch.Tensor] = None
 
     @torch.no_grad()
-    def private_losses(self, fed) -> List[float]:
+    def private_losses(self, ctx) -> List[float]:
         """Every participant's mean symmetric-CE loss over its private data (eval mode)."""
         out = []
-        for c in fed.clients:
+        for c in ctx.participants:
             x, y = c.data.get("private")
             was = c.model.training
             c.model.eval()
-            b = fed.cfg.eval_batch
+            b = ctx.eval_batch
             total = sum(float(symmetric_ce_loss(c.model(normalize(x[s:s + b])), y[s:s + b], self.p.alpha,
                                                 self.p.beta, self.p.sce_clip)) * len(y[s:s + b])
                         for s in range(0, len(y), b))
@@ -91,28 +91,28 @@ class RHFL(PublicOptimizerState, AveragingMethod):
             out.append(total / max(len(y), 1))
         return out
 
-    def collaborate(self, fed, r: int) -> Dict[str, float]:
-        k = len(fed.clients)
+    def collaborate(self, ctx) -> Dict[str, float]:
+        k = len(ctx.participants)
         metrics: Dict[str, float] = {}
         if self.p.ccr:
-            losses = self.private_losses(fed)
+            losses = self.private_losses(ctx)
             w = rhfl_confidence_weights(self.prev_losses, losses, self.p.ccr_beta)
             self.prev_losses = losses
         else:
             w = torch.full((k,), 1.0 / max(k - 1, 1), dtype=torch.float64)
         self.weights = w
-        metrics.update({f"{c.name}/train/confidence": float(w[i]) for i, c in enumerate(fed.clients)})
+        metrics.update({f"{c.name}/train/confidence": float(w[i]) for i, c in enumerate(ctx.participants)})
         wl = w.tolist()
 
         def batch_losses(xb):
-            zs = [c.model(xb) for c in fed.clients]
+            zs = [c.model(xb) for c in ctx.participants]
             return [weighted_kl_alignment(z, [zs[j] for j in range(k) if j != i], [wl[j] for j in range(k) if j != i])
                     for i, z in enumerate(zs)]
 
-        metrics.update(self.public_step(fed, batch_losses, "colla_loss"))
+        metrics.update(self.public_step(ctx, batch_losses, "colla_loss"))
         return metrics
 
-    def local_loss(self, fed, client, x, y, step):
+    def local_loss(self, ctx, client, x, y, step):
         return symmetric_ce_loss(client.model(x), y, self.p.alpha, self.p.beta, self.p.sce_clip)
 
     def state_dict(self) -> Dict[str, Any]:
@@ -130,4 +130,4 @@ class RHFL(PublicOptimizerState, AveragingMethod):
             raise ValueError(f"rhfl state has unknown keys {unknown}")
         prev = state.get("prev_losses")
         self.prev_losses = [float(v) for v in prev] if prev is not None else None
-        self.load_optimizer_state(self._fed, state.get("public_opts", {}))
+        self.load_optimizer_state(self._ctx, state.get("public_opts", {}))

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 from ..data.loading import normalize
 from ..data.scenarios.fedh2l import H2L_OPTIMISER
 from ..engine.federation import derive_seeds
-from ..engine.fused import masked_cross_entropy, stacked_flat_grads, use_fused
+from ..engine.fused import masked_cross_entropy, stacked_flat_grads
 from ..errors import ConfigError
 from .base import Method
 
@@ -101,16 +101,16 @@ class StepwiseMethod(Method):
         """Weight decay of the second (global) optimiser, where there is one."""
         return self.p.weight_decay
 
-    def train_data(self, fed, c) -> Tuple[torch.Tensor, torch.Tensor]:
+    def train_data(self, ctx, c) -> Tuple[torch.Tensor, torch.Tensor]:
         return c.data.get("private")
 
-    def setup(self, fed) -> None:
+    def setup(self, ctx) -> None:
         # A generator of the method's own (batches, public draws, peer pairs), derived from the run
         # seed beside the engine's children, so its state can be checkpointed with the method.
-        self.gen = torch.Generator().manual_seed(derive_seeds(fed.seed, len(fed.clients) + 3)[-1])
+        self.gen = torch.Generator().manual_seed(derive_seeds(ctx.seed, len(ctx.participants) + 3)[-1])
         self.nodes = []
-        for c in fed.clients:
-            x, y = self.train_data(fed, c)
+        for c in ctx.participants:
+            x, y = self.train_data(ctx, c)
             if len(y) < self.p.batch:
                 raise ConfigError(f"methods.{self.name}.batch: {self.p.batch} exceeds participant {c.name!r}'s "
                                   f"{len(y)} training samples")
@@ -134,7 +134,7 @@ class StepwiseMethod(Method):
     def after_local(self, i: int, node: _Node) -> None:
         """Called with node ``i``'s local gradient in ``node.buf``, before its optimiser step."""
 
-    def global_step(self, fed, r: int) -> None:
+    def global_step(self, ctx) -> None:
         pass
 
     # fused_clients: auto fuses the nodes on CUDA only: on 2 CPU cores a 1,000-round FedH2L Table II run
@@ -142,32 +142,32 @@ class StepwiseMethod(Method):
     # (benchmarks/results/fedh2l_fused_cpu.md); `on` still fuses anywhere.
     fused_auto_devices: Tuple[str, ...] = ("cuda",)
 
-    def fused_objective(self, fed):
+    def fused_objective(self, ctx):
         """The local step's loss for engine.fused_clients: cross-entropy (every stepwise method's)."""
         return masked_cross_entropy
 
-    def fused_local_step(self, fed) -> torch.Tensor:
+    def fused_local_step(self, ctx) -> torch.Tensor:
         """The local step of every node as one vmapped forward/backward (engine.fused_clients);
         each node's own optimiser then steps on its row of the stacked flat gradients."""
-        fed.fused_rounds = getattr(fed, "fused_rounds", 0) + 1  # evidence that this path ran
+        ctx.record("fused_rounds")  # evidence that this path ran
         batches = [self.next_batch(node) for node in self.nodes]  # same draws, same order as sequential
-        for c in fed.clients:
+        for c in ctx.participants:
             c.model.train()
-        grads, losses = stacked_flat_grads(fed.clients[0].model, [c.model for c in fed.clients], batches)
+        grads, losses = stacked_flat_grads(ctx.participants[0].model, [c.model for c in ctx.participants], batches)
         for i, node in enumerate(self.nodes):
             node.buf.copy_(grads[i])
             self.after_local(i, node)
             node.opt_local.step()
         return losses
 
-    def run_round(self, fed, r: int) -> Dict[str, float]:
-        if use_fused(fed, fed.clients):
-            self.accumulate("local_loss", self.fused_local_step(fed))
-            self.global_step(fed, r)
+    def run_round(self, ctx) -> Dict[str, float]:
+        if ctx.use_fused(ctx.participants):
+            self.accumulate("local_loss", self.fused_local_step(ctx))
+            self.global_step(ctx)
             self.count += 1
-            return self.flush(fed) if r % self.p.log_every == 0 else {}
+            return self.flush(ctx) if ctx.round % self.p.log_every == 0 else {}
         losses = []
-        for i, (c, node) in enumerate(zip(fed.clients, self.nodes)):
+        for i, (c, node) in enumerate(zip(ctx.participants, self.nodes)):
             x, y = self.next_batch(node)
             c.model.train()
             loss = F.cross_entropy(c.model(x), y)
@@ -177,14 +177,14 @@ class StepwiseMethod(Method):
             node.opt_local.step()
             losses.append(loss.detach())
         self.accumulate("local_loss", torch.stack(losses))
-        self.global_step(fed, r)
+        self.global_step(ctx)
         self.count += 1
-        return self.flush(fed) if r % self.p.log_every == 0 else {}
+        return self.flush(ctx) if ctx.round % self.p.log_every == 0 else {}
 
     def accumulate(self, key: str, per_node: torch.Tensor) -> None:
         self.sums[key] = self.sums[key] + per_node if key in self.sums else per_node.clone()
 
-    def flush(self, fed) -> Dict[str, float]:
+    def flush(self, ctx) -> Dict[str, float]:
         """Mean of each accumulated quantity since the last flush, per participant (host syncs only here).
 
         Local quantities are averaged over rounds, global ones (``global_keys``) over global rounds.
@@ -192,7 +192,7 @@ class StepwiseMethod(Method):
         out = {}
         for key, total in sorted(self.sums.items()):
             div = self.global_rounds_since if key in self.global_keys else self.count
-            for c, v in zip(fed.clients, (total / max(div, 1)).tolist()):
+            for c, v in zip(ctx.participants, (total / max(div, 1)).tolist()):
                 out[f"{c.name}/train/{key}"] = v
         self.sums, self.count, self.global_rounds_since = {}, 0, 0
         return out
@@ -201,9 +201,9 @@ class StepwiseMethod(Method):
     global_rounds_since = 0
 
     # -- communication ---------------------------------------------------------------
-    def run_summary(self, fed) -> Dict[str, Any]:
+    def run_summary(self, ctx) -> Dict[str, Any]:
         """Bytes exchanged, and FedAvg's for the same rounds (every node up- and downloads its parameters)."""
-        rounds = max(fed.round, 1)
+        rounds = max(ctx.round, 1)
         n_params = sum(n.buf.numel() for n in self.nodes)  # all nodes' models
         fedavg_round = 2 * n_params * FLOAT_BYTES
         return {"communication": {
