@@ -317,8 +317,8 @@ def test_homogeneous_averaging_position(tiny_data, method, setting, order):
     fed.run_round(1)  # local training makes the models differ again
     seen = []
     orig_local, orig_avg = m.local_update, m.average
-    m.local_update = lambda f, r: seen.append(("local", _identical(f))) or orig_local(f, r)
-    m.average = lambda f: seen.append(("average", _identical(f))) or orig_avg(f)
+    m.local_update = lambda ctx: seen.append(("local", _identical(fed))) or orig_local(ctx)
+    m.average = lambda ctx: seen.append(("average", _identical(fed))) or orig_avg(ctx)
     fed.run_round(2)
     assert [name for name, _ in seen] == order
     if order[0] == "average":  # before local updating: averaged after the collaborative step
@@ -336,7 +336,7 @@ def test_averaging_needs_a_homogeneous_federation(tiny_data):
     assert m.averaging is None
     for method in ("fccl_plus", "fccl", "feddf"):
         with pytest.raises(ConfigError, match="homogeneous_averaging"):
-            create_method(method, {"homogeneous_averaging": "before_local"}).setup(fed)
+            fed.setup(create_method(method, {"homogeneous_averaging": "before_local"}))
 
 
 # ------------------------------------------------------------ optimisers and lr decay
@@ -348,10 +348,10 @@ def test_persistent_optimizer_follows_lr_decay(tiny_data):
     fed.setup(m)
     c = fed.clients[0]
     fed.round = 1
-    opt = m.public_optimizer(fed, c)
+    opt = m.public_optimizer(fed.ctx, c)
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-3)
     fed.round = 6
-    assert m.public_optimizer(fed, c) is opt
+    assert m.public_optimizer(fed.ctx, c) is opt
     assert opt.param_groups[0]["lr"] == pytest.approx(1e-3 * (1 - 0.9 * 5 / 10))
     assert fed.make_optimizer(c.model, "local").param_groups[0]["lr"] == pytest.approx(1e-3 * (1 - 0.9 * 5 / 10))
 
@@ -365,7 +365,7 @@ def test_fresh_optimizer_equals_a_new_adam(tiny_data):
     twin = copy.deepcopy(model)
     x = normalize(fed.data.public[:32])
     for _ in range(3):
-        opt = m.public_optimizer(fed, fed.clients[0])
+        opt = m.public_optimizer(fed.ctx, fed.clients[0])
         opt.zero_grad()
         model(x).pow(2).mean().backward()
         opt.step()
@@ -408,8 +408,10 @@ def test_cross_correlation_artifacts(tiny_data, tmp_path):
     fed = small_federation(tiny_data, HETERO, rounds=2)
     m = create_method("fccl_plus", {"corr_every": 2, "corr_samples": 64})
     fed.setup(m)
+    fed.round = 1
     m.after_round(fed.ctx)  # not a multiple of 2 and not the last round
     assert not m._corr
+    fed.round = 2
     m.after_round(fed.ctx)
     m.artifacts(tmp_path)
     npz = np.load(tmp_path / "cross_correlation.npz")

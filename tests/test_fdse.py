@@ -260,8 +260,8 @@ def test_three_rounds_in_float64_equal_the_reimplementation(monkeypatch, protoco
     from fedshift.engine import federation
     monkeypatch.setattr(federation, "normalize", _norm64)
     fed = synthetic_federation(3, per_client=10, server_model=False, local_batch=5, local_epochs=1, lr=0.05,
-                               momentum=0.0, clients_per_round=sampled, norm=norm)
-    p = {"lmbd": 0.05, "tau": 0.5, "beta": 0.05, "eval_models": protocol}
+                               momentum=0.0, clients_per_round=sampled, norm=norm, scoring={"eval_models": protocol})
+    p = {"lmbd": 0.05, "tau": 0.5, "beta": 0.05}
     m = create_method("fdse", p)
     fed.setup(m)
     for c in fed.clients:
@@ -319,13 +319,13 @@ def test_the_regulariser_changes_the_second_round(monkeypatch):
 # ------------------------------------------------------------------ resume and refusals
 
 
-@pytest.mark.parametrize("params,engine", [({}, {}), ({"eval_models": "global"}, {}),
-                                           ({"eval_models": "global"}, {"clients_per_round": 1})],
+@pytest.mark.parametrize("scoring,engine", [({"eval_models": "local"}, {}), ({"eval_models": "global"}, {}),
+                                            ({"eval_models": "global"}, {"clients_per_round": 1})],
                          ids=["local", "global", "sampled"])
-def test_restored_from_state_dict_round_three_is_bit_identical(tiny_data, tmp_path, params, engine):
+def test_restored_from_state_dict_round_three_is_bit_identical(tiny_data, tmp_path, scoring, engine):
     def build():
-        fed = tiny_federation(tiny_data, ("lenet", "lenet"), rounds=3, public_aug="none", **engine)
-        method = create_method("fdse", params)
+        fed = tiny_federation(tiny_data, ("lenet", "lenet"), rounds=3, public_aug="none", scoring=scoring, **engine)
+        method = create_method("fdse")
         fed.setup(method)
         return fed, method
 
@@ -339,9 +339,8 @@ def test_refusals(tiny_data):
     with pytest.raises(ValueError, match="from scratch only"):
         create_method("fdse", {"init": "base"})
     m = create_method("fdse")
-    assert not m.supports_sampling and not m.supports_server_model and m.fused_objective is None
+    assert m.supports_sampling and not m.supports_server_model and m.fused_objective is None  # sampling: global
     assert "domain-skew erasers" in m.per_client_state
-    assert create_method("fdse", {"eval_models": "global"}).supports_sampling
     fed = tiny_federation(tiny_data, ("lenet", "lenet"))
     fed.setup(m)
     with pytest.raises(ValueError, match="unknown keys"):
@@ -360,8 +359,8 @@ def test_scenario_defaults_are_the_authors_tuned_values():
 
 def test_engine_refusals_are_one_line_naming_the_method():
     """Fused clients: a custom round (no fused objective); server_model: a model per participant; sampling
-    only under eval_models: global (the local protocol scores each participant's own trained model)."""
-    from fedshift.engine.config import EngineConfig
+    only under the global scoring protocol (the local one scores each participant's own trained model)."""
+    from fedshift.engine.config import EngineConfig, ScoringConfig
     from fedshift.engine.fused import fusion_obstacle
     from fedshift.engine.sampling import check_engine
     from fedshift.errors import ConfigError
@@ -369,12 +368,14 @@ def test_engine_refusals_are_one_line_naming_the_method():
     m = create_method("fdse")
     why = fusion_obstacle(m, ["lenet"] * 2, [create_model("lenet", 10, 1, norm="group")])
     assert why and "fdse" in why
-    for cfg, match in [(EngineConfig(device="cpu", server_model=True), "engine.server_model: method 'fdse'"),
-                       (EngineConfig(device="cpu", clients_per_round=1), "clients_per_round/client_fraction")]:
-        with pytest.raises(ConfigError, match=match) as e:
-            check_engine(m, cfg)
-        assert "\n" not in str(e.value) and "domain-skew erasers" in str(e.value)
-    check_engine(create_method("fdse", {"eval_models": "global"}), EngineConfig(device="cpu", clients_per_round=1))
+    local = ScoringConfig(eval_models="local")
+    with pytest.raises(ConfigError, match="engine.server_model: method 'fdse'") as e:
+        check_engine(m, EngineConfig(device="cpu", server_model=True), local)
+    assert "\n" not in str(e.value) and "domain-skew erasers" in str(e.value)
+    with pytest.raises(ConfigError, match="clients_per_round/client_fraction: scoring.eval_models: local") as e:
+        check_engine(m, EngineConfig(device="cpu", clients_per_round=1), local)
+    assert "\n" not in str(e.value)
+    check_engine(m, EngineConfig(device="cpu", clients_per_round=1), ScoringConfig(eval_models="global"))
 
 
 def test_real_job_interrupted_in_round_three_resumes_bit_identically(tiny_data, tmp_path, monkeypatch):
@@ -387,6 +388,7 @@ def test_real_job_interrupted_in_round_three_resumes_bit_identically(tiny_data, 
 
     exp = {"engine": {"rounds": 3, "local_epochs": 1, "local_batch": 32, "device": "cpu", "checkpoint_min_s": 0,
                       "threads": 1, "eval_batch": 512},
+           "scoring": {"eval_models": "local"},  # the official logger's; the checkpoint holds the pending delivery
            "grid": [{"scenarios": ["rotmnist"], "methods": ["fdse"], "structures": ["homo_lenet"]}]}
     (cfg,) = load_experiments(exp, DATA, results=str(tmp_path / "results"), build=str(tiny_data)).federate.values()
     ref, out = tmp_path / "ref", tmp_path / "out"

@@ -76,7 +76,7 @@ def test_server_smooths_lambda_with_ema(op):
     fed.setup(m)
     g = {k: v.clone() for k, v in fed.clients[0].model.state_dict().items()}
     avg = {k: v + 1.0 if v.is_floating_point() else v for k, v in g.items()}
-    new = m.aggregate(fed, dict(avg), g)
+    new = m.aggregate(fed.ctx, dict(avg), g)
     torch.testing.assert_close(new["fusion.lam"], 0.8 * g["fusion.lam"] + 0.2 * avg["fusion.lam"])
     torch.testing.assert_close(new["base.head.weight"], avg["base.head.weight"])  # the rest: plain average
     conv = create_method("fedfusion_conv")
@@ -95,7 +95,7 @@ def test_local_loss_fuses_with_frozen_global_extractor(op):
     c = fed.clients[0]
     assert isinstance(c.model, FusedModel) and all(cl.model is c.model for cl in fed.clients)
     g_state = {k: v.clone() for k, v in c.model.state_dict().items()}
-    m.begin_round(fed.ctx, 1, g_state)
+    m.begin_round(fed.ctx, g_state)
     with torch.no_grad():
         for p in c.model.parameters():
             p.add_(0.05 * torch.randn_like(p))

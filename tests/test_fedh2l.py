@@ -12,7 +12,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fedshift.methods import pooled_metrics as h2l_metrics
+from fedshift.engine.selection import best_val_headline
+from fedshift.scoring import pooled as h2l_metrics
 from fedshift.losses import batch_accuracy, confidence_weights, h2l_mutual_loss, project_gradient
 from fedshift.methods import create_method
 from fedshift.methods import fedh2l as fedh2l_mod
@@ -112,7 +113,7 @@ def test_best_val_selection_per_participant():
     hist = [{"a/val/acc": 0.5, "a/acc": 0.1, "b/val/acc": 0.7, "b/acc": 0.2},
             {"a/val/acc": 0.8, "a/acc": 0.3, "b/val/acc": 0.6, "b/acc": 0.4},
             {"a/val/acc": 0.8, "a/acc": 0.9, "b/val/acc": 0.7, "b/acc": 0.9}]
-    head, chosen = h2l_metrics.best_val_headline(hist, [50, 100, 150])
+    head, chosen = best_val_headline(hist, [50, 100, 150])
     assert chosen == {"a": 100, "b": 50}  # earliest maximum
     assert head["a/acc"] == 0.3 and head["b/acc"] == 0.2
     assert head["avg/acc"] == pytest.approx(0.25)
@@ -238,7 +239,8 @@ def test_runner_writes_h2l_metrics_selection_and_communication(tiny_data, tmp_pa
     from fedshift import runner
     from fedshift.experiments import load_experiments
 
-    exp = {"engine": {"rounds": 4, "eval_every": 2, "select": "best_val", "pooled_rows": True, "device": "cpu"},
+    exp = {"engine": {"rounds": 4, "eval_every": 2, "select": "best_val", "device": "cpu"},
+           "scoring": {"metrics": ["pooled"]},
            "variants": {"fedmd": {"method": "fedmd", "engine": {"rounds": 2, "eval_every": 1}}},
            "methods": {"fedmd": {"public_data": "seed", "public_subset": 64}},
            "grid": [{"scenarios": ["rotmnist"], "methods": ["fedh2l", "fedmd"], "structures": ["homo_lenet"]}]}

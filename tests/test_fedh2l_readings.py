@@ -82,8 +82,8 @@ def test_concat_and_per_peer_train_the_same_lenet(tiny_data, monkeypatch):
 def test_concat_is_refused_for_a_batchnorm_model(tiny_data):
     fed = tiny_federation(tiny_data, LENET4, public_aug="none", norm="batch")
     with pytest.raises(ConfigError, match=r"mutual_forward: concat .* BatchNorm at 'conv.1'; use per_peer"):
-        create_method("fedh2l", {"mutual_forward": "concat"}).setup(fed)
-    create_method("fedh2l").setup(fed)  # per_peer (default) runs
+        fed.setup(create_method("fedh2l", {"mutual_forward": "concat"}))
+    fed.setup(create_method("fedh2l"))  # per_peer (default) runs
 
 
 @pytest.mark.parametrize("method", ["fedh2l", "ind"])

@@ -124,7 +124,8 @@ def test_table2_fedavg_rows_fit_fedh2ls_bandwidth_and_step_count():
     for name in ("fedavg", "fedprox"):
         v = cfg["variants"][name]
         rounds, epochs = v["engine"]["rounds"], v["engine"]["local_epochs"]
-        assert v["method"] == name and v["params"]["eval_models"] == "global"
+        assert v["method"] == name and "params" not in v  # the grid's scoring: McMahan's global protocol
+        assert (cfg["scoring"]["eval_models"], cfg["scoring"]["weighting"]) == ("global", "samples")
         assert rounds * fedavg_round <= fedh2l_total < (rounds + 1) * fedavg_round  # the most rounds that fit
         for private in (700, 650, 600):  # per node at alpha 5 / 10 / 15 % (params/data.yaml)
             steps = rounds * epochs * math.ceil(private / 32)
@@ -141,9 +142,10 @@ def test_fedavg_run_gives_the_table2_metrics(tiny_data, tmp_path):
     from fedshift import runner
     from fedshift.experiments import load_experiments
 
-    exp = {"engine": {"rounds": 2, "eval_every": 1, "select": "best_val", "pooled_rows": True, "device": "cpu",
+    exp = {"engine": {"rounds": 2, "eval_every": 1, "select": "best_val", "device": "cpu",
                       "local_epochs": 1, "local_batch": 32, "threads": 1, "eval_batch": 512},
-           "variants": {"fedavg_t2": {"method": "fedavg", "params": {"eval_models": "global", "weighting": "samples"}}},
+           "scoring": {"metrics": ["pooled"], "eval_models": "global", "weighting": "samples"},
+           "variants": {"fedavg_t2": {"method": "fedavg"}},
            "grid": [{"scenarios": ["rotmnist"], "methods": ["fedavg_t2"], "structures": ["homo_lenet"]}]}
     (cfg,) = load_experiments(exp, {"scenarios": {"rotmnist": {}}}, results=str(tmp_path / "r"),
                               build=str(tiny_data)).federate.values()

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from fedshift.methods import create_method
 from fedshift.methods.fedheal import consistency_mask, fair_weights, masked_aggregate, update_size
 
-from fedshift.testing import resumed_round_three, synthetic_federation, tiny_federation
+from fedshift.testing import resumed_round_three, scoring_of, synthetic_federation, tiny_federation
 
 DT = torch.float64
 
@@ -165,20 +165,24 @@ def test_three_rounds_in_float64_equal_the_reimplementation(monkeypatch, sampled
 # ------------------------------------------------------------------ resume
 
 
-@pytest.mark.parametrize("name,params,engine", [("fedheal", {}, {}), ("fedheal", {"eval_models": "local"}, {}),
-                                                ("fedheal", {}, {"clients_per_round": 1}), ("fpl_heal", {}, {})],
+@pytest.mark.parametrize("name,scoring,engine", [("fedheal", {}, {}), ("fedheal", {"eval_models": "local"}, {}),
+                                                 ("fedheal", {}, {"clients_per_round": 1}), ("fpl_heal", {}, {})],
                          ids=["global", "local", "sampled", "fpl_heal"])
-def test_restored_from_state_dict_round_three_is_bit_identical(tiny_data, tmp_path, name, params, engine):
+def test_restored_from_state_dict_round_three_is_bit_identical(tiny_data, tmp_path, name, scoring, engine):
     def build():
-        fed = tiny_federation(tiny_data, ("lenet", "lenet"), rounds=3, public_aug="none", **engine)
-        method = create_method(name, params)
+        fed = tiny_federation(tiny_data, ("lenet", "lenet"), rounds=3, public_aug="none", scoring=scoring, **engine)
+        method = create_method(name)
         fed.setup(method)
         return fed, method
 
-    (_, method), (_, method2) = resumed_round_three(build, tmp_path / "state.pt")
+    (fed, method), (fed2, method2) = resumed_round_three(build, tmp_path / "state.pt")
     assert method.prev_w == method2.prev_w and method.count == method2.count
-    if params:  # eval_models: local keeps the next round's start aside
-        assert all(torch.equal(method.pending[k], method2.pending[k]) for k in method.pending)
+    if scoring:  # eval_models: local: the engine keeps the server's delivery aside for the next round's start
+        assert fed.pending is not None and fed.pending.keys() == fed2.pending.keys()
+        for name_ in fed.pending:
+            assert all(torch.equal(v, fed2.pending[name_][k]) for k, v in fed.pending[name_].items())
+    else:
+        assert fed.pending is None and fed2.pending is None
     if name == "fpl_heal":
         assert torch.equal(method.clusters, method2.clusters) and torch.equal(method.unbiased, method2.unbiased)
 
@@ -195,7 +199,8 @@ def test_init_base_starts_every_participant_from_one_average(tiny_data):
     """init: base averages the participants' (BASE) models into one start, as FedAvg does."""
     fed = tiny_federation(tiny_data, ("lenet", "lenet"))
     a, b = (dict(c.model.state_dict()) for c in fed.clients)
-    m = create_method("fedheal", {"init": "base", "weighting": "uniform"})
+    fed.scoring = scoring_of({"weighting": "uniform"})
+    m = create_method("fedheal", {"init": "base"})
     fed.setup(m)
     for k, v in fed.clients[0].model.state_dict().items():
         assert torch.equal(v, fed.clients[1].model.state_dict()[k])

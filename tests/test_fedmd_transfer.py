@@ -63,7 +63,7 @@ def test_transfer_equals_public_then_private_training_by_hand(tiny_data):
         _hand_train(model, x, y, gen, 1, 16, fed.cfg.lr, fed.cfg.weight_decay)  # a fresh local optimiser
         refs.append(torch.cat([p.detach().flatten() for p in model.parameters()]))
     before = client_params(fed, 0).clone()
-    metrics = m.transfer(fed)
+    metrics = m.transfer(fed.ctx)
     for i, ref in enumerate(refs):
         assert torch.equal(client_params(fed, i), ref), i  # same operations in the same order
     assert not torch.equal(client_params(fed, 0), before)
@@ -87,7 +87,7 @@ def test_transfer_learns_the_public_labels(tiny_data):
         return out
 
     before = share_of_3()
-    m.transfer(fed)
+    m.transfer(fed.ctx)
     assert before < 0.5 and share_of_3() > 0.9, (before, share_of_3())
 
 
@@ -131,10 +131,11 @@ def test_resume_after_round_one_equals_straight_run(tiny_data, tmp_path, monkeyp
 
     calls, real_round, real_transfer = [], FedMD.run_round, FedMD.transfer
 
-    def stop_in_round_2(self, fed, r):
+    def stop_in_round_2(self, ctx):
+        r = ctx.round
         if r == 2:
             raise KeyboardInterrupt
-        return real_round(self, fed, r)
+        return real_round(self, ctx)
 
     monkeypatch.setattr(FedMD, "run_round", stop_in_round_2)
     monkeypatch.setattr(FedMD, "transfer", lambda self, fed: calls.append(fed.round) or real_transfer(self, fed))

@@ -82,7 +82,7 @@ def test_local_loss_is_ce_plus_lambda_penalty_against_frozen_global(name, penalt
     m = create_method(name, {"lam": 0.5})
     fed.setup(m)
     g_state = {k: v.clone() for k, v in fed.clients[0].model.state_dict().items()}
-    m.begin_round(fed.ctx, 1, g_state)
+    m.begin_round(fed.ctx, g_state)
     c = fed.clients[0]
     with torch.no_grad():  # move the local model away from the global one
         for p in c.model.parameters():

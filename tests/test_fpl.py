@@ -15,7 +15,7 @@ from scipy.sparse.csgraph import connected_components
 
 from fedshift.methods import create_method
 from fedshift.methods import prototypes as P
-from fedshift.methods.fpl import steps_per_epoch
+from fedshift.engine.participants import steps_per_epoch
 
 from fedshift.testing import resumed_round_three, synthetic_federation, tiny_federation
 
@@ -206,12 +206,12 @@ def test_two_rounds_in_float64_equal_the_reimplementation(monkeypatch, sampled):
 # ------------------------------------------------------------------ resume
 
 
-@pytest.mark.parametrize("params,engine", [({}, {}), ({"eval_models": "local", "weighting": "uniform"}, {}),
-                                           ({}, {"clients_per_round": 1})], ids=["global", "local", "sampled"])
-def test_restored_from_state_dict_round_three_is_bit_identical(tiny_data, tmp_path, params, engine):
+@pytest.mark.parametrize("scoring,engine", [({}, {}), ({"eval_models": "local", "weighting": "uniform"}, {}),
+                                            ({}, {"clients_per_round": 1})], ids=["global", "local", "sampled"])
+def test_restored_from_state_dict_round_three_is_bit_identical(tiny_data, tmp_path, scoring, engine):
     def build():
-        fed = tiny_federation(tiny_data, ("lenet", "lenet"), rounds=3, public_aug="none", **engine)
-        method = create_method("fpl", params)
+        fed = tiny_federation(tiny_data, ("lenet", "lenet"), rounds=3, public_aug="none", scoring=scoring, **engine)
+        method = create_method("fpl")
         fed.setup(method)
         return fed, method
 

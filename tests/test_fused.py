@@ -11,7 +11,7 @@ from torch import nn
 
 from fedshift.config import resolve
 from fedshift.engine.config import EngineConfig
-from fedshift.engine.fused import (FusedOptimizer, check_fusable, fused_local_update, train_clients_fused, unstack,
+from fedshift.engine.fused import (FusedOptimizer, check_fusable, masked_cross_entropy, train_clients_fused, unstack,
                                    use_fused, weighted_mean_stacked)
 from fedshift.engine.averaging import weighted_average
 from fedshift.testing import tiny_federation
@@ -128,8 +128,10 @@ def test_fused_local_update_matches_train_local(tiny_data):
     fus = tiny_federation(tiny_data, ("lenet", "lenet"), fused_clients="on", **kw)
     assert use_fused(fus, fus.clients) and not use_fused(seq, seq.clients)
     start = [p.detach().clone() for p in fus.clients[0].model.parameters()]
-    ref = {f"{c.name}/train/local_loss": seq.train_local(c) for c in seq.clients}
-    got = fused_local_update(fus, fus.clients)
+    ref = seq.ctx.train_participants(seq.clients)  # the round context's helper: one path or the other
+    got = fus.ctx.train_participants(fus.clients, objective=masked_cross_entropy)
+    assert fus.fused_rounds == 1 and not hasattr(seq, "fused_rounds")
+    assert fus.ctx.steps == seq.ctx.steps and min(seq.ctx.steps.values()) > 0  # the steps each took, alike
     assert got.keys() == ref.keys()
     for k in ref:
         assert got[k] == pytest.approx(ref[k], rel=1e-4)

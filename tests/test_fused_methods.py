@@ -197,12 +197,14 @@ def test_on_is_refused_at_planning_before_any_job(tiny_data, tmp_path):
 
 @pytest.mark.parametrize("method", ["fedavg", "fedprox"])
 def test_fused_equals_sequential_under_eval_models_local(method, monkeypatch):
-    """The authors' protocol (average first, every participant trains and keeps its own model) fused."""
+    """The authors' protocol (scoring eval_models: local: every participant trains and keeps its own model,
+    the average reaching it at the next round's start) fused."""
     _float64_batches(monkeypatch)
 
     def run(mode):
-        fed = synthetic_federation(4, server_model=False, local_epochs=2, fused_clients=mode, lr=0.05)
-        m = create_method(method, {"eval_models": "local", **({"mu": 0.5} if method == "fedprox" else {})})
+        fed = synthetic_federation(4, server_model=False, local_epochs=2, fused_clients=mode, lr=0.05,
+                                   scoring={"eval_models": "local"})
+        m = create_method(method, {"mu": 0.5} if method == "fedprox" else {})
         fed.setup(m)
         for c in fed.clients:
             c.model.double()

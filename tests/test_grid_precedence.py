@@ -1,4 +1,5 @@
-"""A grid's own `methods:` block outranks the base file's scenario_overrides (issue 34 item 6)."""
+"""A grid's own `methods:` block outranks the base file's scenario_overrides (issue 34 item 6); its own
+`scoring:` block likewise (tests/test_protocols.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ def _grid(tmp_path, methods):
     f = tmp_path / "grid.yaml"
     f.write_text(yaml.safe_dump({
         "methods": methods,
-        "grid": [{"scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": ["fedavg", "fedprox"],
+        "grid": [{"scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": ["fedrs", "fedprox"],
                   "structures": ["homo_lenet"], "seeds": [0]}]}))
     return f
 
@@ -23,24 +24,22 @@ def _params(plan, method):
 
 def test_grid_methods_block_replaces_the_base_scenario_override_and_says_so(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(REPO)
-    cfg = snakemake_config([_grid(tmp_path, {"fedavg": {"eval_models": "global"}})])
-    assert "methods.fedavg.eval_models: 'global' (this grid) replaces the base file's " \
-           "scenario_overrides.rotmnist.methods.fedavg.eval_models: 'local'" in capsys.readouterr().err
+    cfg = snakemake_config([_grid(tmp_path, {"fedrs": {"restriction": "missing", "alpha": 0.3}})])
+    assert "methods.fedrs.restriction: 'missing' (this grid) replaces the base file's " \
+           "scenario_overrides.rotmnist.methods.fedrs.restriction: 'count'" in capsys.readouterr().err
     plan = load_experiments(cfg, REPO / "params/data.yaml")
-    assert _params(plan, "fedavg")["eval_models"] == "global"
-    assert _params(plan, "fedavg")["weighting"] == "uniform"  # a key the grid does not set stays overridden
-    assert _params(plan, "fedprox")["eval_models"] == "local"  # another method's override is untouched
+    assert _params(plan, "fedrs")["restriction"] == "missing" and _params(plan, "fedrs")["alpha"] == 0.3
 
 
-def test_without_a_methods_block_the_base_protocol_holds(tmp_path, monkeypatch):
+def test_without_a_methods_block_the_base_override_holds(tmp_path, monkeypatch):
     monkeypatch.chdir(REPO)
     plan = load_experiments(snakemake_config([_grid(tmp_path, {})]), REPO / "params/data.yaml")
-    assert _params(plan, "fedavg")["eval_models"] == "local"
+    assert _params(plan, "fedrs")["restriction"] == "count"
 
 
 def test_the_grids_own_scenario_override_still_wins():
-    merged = {"methods": {"fedavg": {"eval_models": "global"}},
-              "scenario_overrides": {"rotmnist": {"methods": {"fedavg": {"eval_models": "local"}}}}}
+    merged = {"methods": {"fedrs": {"restriction": "missing"}},
+              "scenario_overrides": {"rotmnist": {"methods": {"fedrs": {"restriction": "count"}}}}}
     own = dict(merged)  # the user's file sets both: its own scenario override is meant
     out, notes = user_methods_win(merged, own)
     assert out == merged and notes == []

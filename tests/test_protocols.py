@@ -27,6 +27,7 @@ def _states(fed):
 
 
 def _run(fed, name, params=None, rounds=(1,)):
+    """``name`` set up on ``fed`` (whose scoring is the grid's) and run for ``rounds``."""
     m = create_method(name, params)
     fed.setup(m)
     for r in rounds:
@@ -42,62 +43,66 @@ def _gap(fed):
     return max(abs(s[f"{p}/inter/top1"] - np.mean([s[f"{q}/intra/top1"] for q in names if q != p])) for p in names)
 
 
-# ------------------------------------------------------------------ eval_models
+# ------------------------------------------------------------------ eval_models (the grid's scoring)
 
 
-@pytest.mark.parametrize("name", ["fedavg", "fedprox", "moon", "fedproc", "fedrs"])
+@pytest.mark.parametrize("name", ["fedavg", "fedprox", "moon", "fedproc", "fedrs", "scaffold", "fednova"])
 def test_local_protocol_scores_each_participants_own_model(tiny_data, name):
     torch.manual_seed(0)
-    fed = tiny_federation(tiny_data, ("lenet",) * 3, rounds=2)
-    _run(fed, name, {"eval_models": "global"}, rounds=(1, 2))
+    fed = tiny_federation(tiny_data, ("lenet",) * 3, rounds=2, scoring={"eval_models": "global"})
+    _run(fed, name, rounds=(1, 2))
     glob = _states(fed)
     assert all(torch.equal(glob[0], g) for g in glob[1:])  # McMahan: every participant holds the average
-    assert _gap(fed) < 1e-9
+    assert _gap(fed) < 1e-9 and fed.pending is None
     torch.manual_seed(0)
-    fed = tiny_federation(tiny_data, ("lenet",) * 3, rounds=2)
-    _run(fed, name, {"eval_models": "local", "weighting": "uniform"}, rounds=(1, 2))
+    fed = tiny_federation(tiny_data, ("lenet",) * 3, rounds=2, scoring={"eval_models": "local", "weighting": "uniform"})
+    _run(fed, name, rounds=(1, 2))
     loc = _states(fed)
     assert any(not torch.equal(loc[0], g) for g in loc[1:])  # each keeps its locally updated model
     x = fed.clients[0].data.get("test")[0][:16].float() / 255.0
     with torch.no_grad():
         outs = [c.model.eval()(x) for c in fed.clients]
     assert any(not torch.allclose(outs[0], o) for o in outs[1:])  # so the scored models differ too
+    assert set(fed.pending) == {c.name for c in fed.clients}  # the server's step ran: its delivery waits
 
 
-def test_local_protocol_averages_uniformly_at_the_round_start(tiny_data):
+def test_local_protocol_delivers_the_uniform_average_at_the_next_round_start(tiny_data):
+    """eval_models: local: the server step runs after local training as under global; its uniform average
+    (weighting: uniform, 1/K whatever the sample counts) is what every participant starts round 2 from."""
     torch.manual_seed(0)
-    fed = tiny_federation(tiny_data, ("lenet",) * 3, rounds=2)
-    m = _run(fed, "fedavg", {"eval_models": "local", "weighting": "uniform"}, rounds=(1,))
-    before = [{k: v.clone().double() for k, v in c.model.state_dict().items()} for c in fed.clients]
-    fed.round = 2
-    m.collaborate(fed.ctx)
-    for k, v in fed.clients[0].model.state_dict().items():
+    fed = tiny_federation(tiny_data, ("lenet",) * 3, rounds=2, scoring={"eval_models": "local", "weighting": "uniform"})
+    m = _run(fed, "fedavg", rounds=(1,))
+    trained = [{k: v.clone().double() for k, v in c.model.state_dict().items()} for c in fed.clients]
+    starts = []
+    m.begin_round = lambda ctx, global_state: starts.append({k: v.clone() for k, v in global_state.items()})
+    fed.run_round(2)
+    (start,) = starts
+    for k, v in start.items():
         if torch.is_floating_point(v):
-            expected = sum(b[k] for b in before) / 3.0  # uniform 1/K, whatever the sample counts
+            expected = sum(t[k] for t in trained) / 3.0
             torch.testing.assert_close(v.double(), expected, rtol=1e-6, atol=1e-7)
-    assert all(torch.equal(a, b) for a, b in zip(_states(fed)[0:1] * 2, _states(fed)[1:]))
 
 
-@pytest.mark.parametrize("name", ["fedavg", "moon", "fedproc"])
+@pytest.mark.parametrize("name", ["fedavg", "moon", "fedproc", "scaffold"])
 def test_local_protocol_resumes_bit_identically(tiny_data, name):
-    """Under eval_models: local the participants' own weights (saved by the engine) and the
-    method's state are all a round needs: a restored run's round 2 equals the uninterrupted one."""
+    """Under eval_models: local the participants' own weights and the server's pending delivery (both
+    restored by the engine) and the method's state are all a round needs: a restored run's round 2 equals
+    the uninterrupted one."""
     import io
 
-    params = {"eval_models": "local", "weighting": "uniform"}
+    scoring = {"eval_models": "local", "weighting": "uniform"}
     torch.manual_seed(0)
-    fed_a = tiny_federation(tiny_data, ("lenet",) * 2, rounds=2)
-    m_a = _run(fed_a, name, params)
+    fed_a = tiny_federation(tiny_data, ("lenet",) * 2, rounds=2, scoring=scoring)
+    m_a = _run(fed_a, name)
     buf = io.BytesIO()
     torch.save(m_a.state_dict(), buf)
     buf.seek(0)
-    fed_b = tiny_federation(tiny_data, ("lenet",) * 2, rounds=2)
-    m_b = create_method(name, params)
+    fed_b = tiny_federation(tiny_data, ("lenet",) * 2, rounds=2, scoring=scoring)
+    m_b = create_method(name)
     fed_b.setup(m_b)
     copy_engine_state(fed_a, fed_b)
     m_b.load_state_dict(torch.load(buf, weights_only=True))
-    for fed, m in ((fed_a, m_a), (fed_b, m_b)):
-        fed.round = 2
+    for fed in (fed_a, fed_b):
         fed.run_round(2)
     assert all(torch.equal(a, b) for a, b in zip(_states(fed_a), _states(fed_b)))
 
@@ -116,9 +121,9 @@ def test_heterogeneous_methods_average_before_local_updating_when_homogeneous(ti
         fed.setup(m)
         inner = m.local_update
 
-        def spy(fed_, r):
-            seen.append(_states(fed_))
-            return inner(fed_, r)
+        def spy(ctx):
+            seen.append(_states(fed))
+            return inner(ctx)
 
         m.local_update = spy
         for r in (1, 2):
@@ -141,7 +146,7 @@ def test_heterogeneous_federation_is_not_averaged(tiny_data):
     fed.setup(m)
     assert m.averaging is None
     with pytest.raises(ConfigError, match="homogeneous_averaging"):
-        create_method("rcfl", {"homogeneous_averaging": "before_local"}).setup(fed)
+        fed.setup(create_method("rcfl", {"homogeneous_averaging": "before_local"}))
 
 
 def test_fccl_averages_before_local_by_default_and_the_code_position_is_a_switch(tiny_data):
@@ -209,90 +214,119 @@ def test_moon_table_xv_rows_vary_mu_at_the_default_temperature(grid):
     for label, mu in (("moon_tau5", 5.0), ("moon_tau1", 1.0)):
         assert rows[label]["tau"] == MOONParams().tau == 0.5  # authors' moon.py: a hard-coded 0.5
         assert rows[label]["mu"] == mu
-        assert rows[label]["eval_models"] == "local"
+    scoring = {c["scoring"]["eval_models"] for c in plan.federate.values()}
+    assert scoring == {"local"}  # the grid's protocol: every row of the table alike
 
 
 # --------------------------------------------------------- refusals at validation
 
 
-def _grid(method, engine, params=None):
+def _grid(method, engine, scoring=None):
     exp = snakemake_config(ROOT / "benchmarks/grids/table_xv_protocol.yaml")
     exp["engine"].update(engine)
-    exp["methods"] = {method: params or {}}
-    exp.pop("scenario_overrides", None)  # params/experiments.yaml's rotmnist protocol would win over `methods`
+    exp["methods"] = {}
+    exp["scoring"] = scoring or {}
+    exp.pop("scenario_overrides", None)  # params/experiments.yaml's rotmnist protocol would win over scoring:
     exp.pop("report", None)  # its tables name the protocol grid's methods, which this one-method grid does not run
     exp["grid"] = [{"name": "g", "scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": [method],
                     "structures": ["homo_lenet"], "seeds": [0]}]
     return exp
 
 
-@pytest.mark.parametrize("method, engine, params, match", [
+@pytest.mark.parametrize("method, engine, scoring, match", [
     ("moon", {"server_model": True}, None, "previous local model"),
     ("fedproc", {"clients_per_round": 2}, None, "prototypes"),
-    ("fedavg", {"client_fraction": 0.5}, {"eval_models": "local"}, "eval_models: global"),
+    ("fedavg", {"client_fraction": 0.5}, {"eval_models": "local"}, "scoring.eval_models: local"),
     ("fedavg", {"global_eval_every": 1}, {"eval_models": "local"}, "global_eval_every"),
+    ("scaffold", {}, None, "method 'scaffold' requires engine.optimizer: sgd"),
+    ("scaffold", {"optimizer": "sgd"}, None, "method 'scaffold' requires engine.momentum: 0"),
+    ("fednova", {}, None, "method 'fednova' requires engine.optimizer: sgd"),
+    ("fedavg", {}, {"predict": "prototype"}, "scoring.predict: prototype: method 'fedavg' has no prototypes"),
 ])
-def test_state_the_method_cannot_keep_is_refused_before_any_job(method, engine, params, match):
-    with pytest.raises(ConfigError, match=match):
-        load_experiments(_grid(method, engine, params), ROOT / "params/data.yaml")
+def test_what_the_method_or_scoring_cannot_honour_is_refused_before_any_job(method, engine, scoring, match):
+    with pytest.raises(ConfigError, match=match) as err:
+        load_experiments(_grid(method, engine, scoring), ROOT / "params/data.yaml")
+    assert len(str(err.value).splitlines()) == 1
 
 
-def test_global_fedavg_still_samples():
+def test_global_fedavg_still_samples_and_scaffold_runs_with_plain_sgd():
     plan = load_experiments(_grid("fedavg", {"client_fraction": 0.5}, {"eval_models": "global"}),
                             ROOT / "params/data.yaml")
     assert len(plan.federate) == 1
+    plan = load_experiments(_grid("scaffold", {"optimizer": "sgd", "momentum": 0.0}), ROOT / "params/data.yaml")
+    assert len(plan.federate) == 1
 
 
-# ------------------------------------------------ protocol per family, not per name (issue 35)
+# ------------------------------------------------ one protocol per table, by construction (issue 49)
 
 
-def _family_grid(methods, own=None, variants=None, overrides=None):
-    """The embedded default's scenario_overrides (the FCCL+ protocol on rotmnist, keyed by method name)
-    with a grid of ``methods`` on rotmnist; ``own``: a methods: block; ``overrides``: replaces the rows."""
+def _scoring_grid(methods, own=None, variants=None, scoring=None):
+    """The embedded default (its rotmnist scoring: the FCCL+ protocol) with a grid of ``methods`` on rotmnist;
+    ``own``: a methods: block; ``scoring``: the grid's own scoring: block. Returns method -> resolved config."""
     exp = snakemake_config(ROOT / "params/experiments.yaml")
     exp["methods"] = own or {}
     exp["variants"] = variants or {}
-    if overrides is not None:
-        exp["scenario_overrides"]["rotmnist"]["methods"] = overrides
+    if scoring is not None:
+        exp["scoring"] = scoring
     exp.pop("report", None)
     exp["grid"] = [{"name": "g", "scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": methods,
                     "structures": ["homo_lenet"], "seeds": [0]}]
-    return {j.method: c["method_params"] for j, c in load_experiments(exp, ROOT / "params/data.yaml").federate.items()}
+    return {j.method: c for j, c in load_experiments(exp, ROOT / "params/data.yaml").federate.items()}
 
 
-def test_the_scenario_protocol_reaches_family_methods_it_does_not_name():
-    """rotmnist's override names fedavg, fedprox, moon, fedproc and fedrs; FPL (a FedAvg-family method it does
-    not name) ran under McMahan's protocol beside them. Now it takes the family's; FedMMD is no member."""
-    rows = _family_grid(["fedavg", "fpl", "fedmmd"])
-    assert (rows["fedavg"]["eval_models"], rows["fedavg"]["weighting"]) == ("local", "uniform")
-    assert (rows["fpl"]["eval_models"], rows["fpl"]["weighting"]) == ("local", "uniform")
-    assert "eval_models" not in rows["fedmmd"] and rows["fedmmd"]["weighting"] == "samples"
+def test_the_scenario_scoring_reaches_every_method_of_its_tables():
+    """rotmnist's scoring (the FCCL+ protocol) is every row's: FedAvg, FPL, FedMMD and a public-data method
+    alike, with no key in their params."""
+    rows = _scoring_grid(["fedavg", "fpl", "fedmmd", "fedmd"])
+    assert {(c["scoring"]["eval_models"], c["scoring"]["weighting"]) for c in rows.values()} == {("local", "uniform")}
+    assert all("eval_models" not in c["method_params"] and "weighting" not in c["method_params"] for c in rows.values())
 
 
-def test_a_plugin_of_the_family_takes_the_scenario_protocol(monkeypatch):
+def test_a_plugin_of_the_family_is_scored_as_its_table(monkeypatch):
     """The FedAvgM of docs/extending.md, registered as an entry point would register it."""
     from fedshift.methods import METHODS
     from test_method_contract import _doc_plugin
 
     _, FedAvgM = _doc_plugin()
     monkeypatch.setitem(METHODS._items, "fedavgm", FedAvgM)
-    rows = _family_grid(["fedavg", "fedavgm"])
-    assert rows["fedavgm"]["eval_models"] == rows["fedavg"]["eval_models"] == "local"
-    assert rows["fedavgm"]["weighting"] == rows["fedavg"]["weighting"] == "uniform"
+    rows = _scoring_grid(["fedavg", "fedavgm"])
+    assert rows["fedavgm"]["scoring"] == rows["fedavg"]["scoring"]
 
 
-def test_a_method_s_own_protocol_keys_win_over_the_family_s():
-    rows = _family_grid(["fpl", "fpl_global"], own={"fpl": {"weighting": "samples"}},
-                        variants={"fpl_global": {"method": "fpl", "params": {"eval_models": "global"}}})
-    assert (rows["fpl"]["eval_models"], rows["fpl"]["weighting"]) == ("local", "samples")
-    assert (rows["fpl_global"]["eval_models"], rows["fpl_global"]["weighting"]) == ("global", "samples")
-
-
-def test_override_rows_that_disagree_on_the_protocol_are_refused_in_one_line():
-    rows = {"fedavg": {"eval_models": "local", "weighting": "uniform"}, "fedprox": {"eval_models": "global"}}
+@pytest.mark.parametrize("where", ["methods", "variant"])
+def test_a_protocol_key_per_method_or_variant_is_refused_naming_the_grid_s_scoring(where):
+    own = {"fpl": {"eval_models": "global"}} if where == "methods" else None
+    variants = {"fpl_global": {"method": "fpl", "params": {"weighting": "samples"}}} if where == "variant" else None
     with pytest.raises(ConfigError) as err:
-        _family_grid(["fedavg", "fpl"], overrides=rows)
+        _scoring_grid(["fpl"] + (["fpl_global"] if variants else []), own=own, variants=variants)
     msg = str(err.value)
-    assert len(msg.splitlines()) == 1
-    assert msg.startswith("scenario_overrides.rotmnist.methods: fedavg.eval_models is 'local' but fedprox.eval_models "
-                          "is 'global'")
+    assert len(msg.splitlines()) == 1 and "this key moved to the grid's scoring." in msg
+
+
+def test_moved_engine_and_fedproto_keys_name_their_new_place():
+    from fedshift.config import resolve
+    from fedshift.engine.config import EngineConfig
+    from fedshift.methods import resolve_method_params
+
+    with pytest.raises(ConfigError, match=r"engine.pooled_rows: this key moved to scoring.metrics"):
+        resolve(EngineConfig, {"pooled_rows": True}, "engine")
+    with pytest.raises(ConfigError, match=r"methods.fedproto.scoring: this key moved to the grid's scoring.predict"):
+        resolve_method_params("fedproto", {"scoring": "head"})
+    with pytest.raises(ConfigError, match=r"scoring \(rotmnist\)\.metrics: unknown scorer 'poled' \(did you mean 'pooled'\?\)"):
+        _scoring_grid(["fedavg"], scoring={"metrics": ["poled"]})
+
+
+def test_the_grid_s_own_scoring_outranks_the_base_file_s_per_scenario_scoring(tmp_path, capsys):
+    """A user grid merged on params/experiments.yaml (whose rotmnist scoring is the FCCL+ protocol) that sets
+    scoring.eval_models itself gets it on rotmnist too, with one note; a key it leaves unset stays the base's."""
+    import yaml
+
+    own = tmp_path / "grid.yaml"
+    own.write_text(yaml.safe_dump({"scoring": {"eval_models": "global"}, "grid": [
+        {"scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": ["fedavg"], "structures": ["homo_lenet"]}]}))
+    cfg = snakemake_config([own], workflow_config=ROOT / "params/experiments.yaml")
+    assert "scoring.eval_models: 'global' (this grid) replaces the base file's " \
+           "scenario_overrides.rotmnist.scoring.eval_models: 'local'" in capsys.readouterr().err
+    cfg.pop("report", None)
+    (job,) = load_experiments(cfg, ROOT / "params/data.yaml").federate.values()
+    assert (job["scoring"]["eval_models"], job["scoring"]["weighting"]) == ("global", "uniform")

@@ -326,14 +326,15 @@ def _np_pool(h, n):
 
 @pytest.mark.parametrize("name", ["fedproto", "fedtgp"])
 def test_prototype_scoring_predicts_the_nearest_global_prototype(tiny_data, name):
-    """scoring: prototype (default, HtFLlib clientproto.py:70-100 / clienttgp.py:90-120): the evaluated
-    prediction of each test image is argmin_j mean_d (rep - g_j)^2 over the classes with a global prototype,
-    computed here in float64 numpy from the model's features; LeNet (84-d) beside SimpleCNN (512-d, pooled
-    to 84). scoring: head leaves the classifier's logits."""
+    """The grid's scoring: {predict: prototype} (HtFLlib clientproto.py:70-100 / clienttgp.py:90-120): the
+    evaluated prediction of each test image is argmin_j mean_d (rep - g_j)^2 over the classes with a global
+    prototype, computed here in float64 numpy from the model's features; LeNet (84-d) beside SimpleCNN (512-d,
+    pooled to 84). predict: head (the default) leaves the classifier's logits."""
     from fedshift.data.loading import normalize
     from fedshift.engine.evaluation import correct_topk
+    from fedshift.testing import scoring_of
 
-    fed = tiny_federation(tiny_data, ("lenet", "simple_cnn"))
+    fed = tiny_federation(tiny_data, ("lenet", "simple_cnn"), scoring={"predict": "prototype"})
     m = create_method(name)
     fed.setup(m)
     x, y = fed.clients[0].data.get("test")
@@ -371,8 +372,9 @@ def test_prototype_scoring_predicts_the_nearest_global_prototype(tiny_data, name
     h, logits = fed.clients[1].model.forward_with_features(normalize(x))
     torch.testing.assert_close(logits, fed.clients[1].model.head(h))
     assert not torch.isinf(logits).any()
-    # scoring: head (a new method object on the same models) removes the hook: the classifier's logits again
-    head = create_method(name, {"scoring": "head"})
+    # predict: head (a new method object on the same models) removes the hook: the classifier's logits again
+    head = create_method(name)
+    fed.scoring = scoring_of({"predict": "head"})
     fed.setup(head)
     head.protos, head.present = m.protos, m.present
     c = fed.clients[1]
@@ -384,6 +386,7 @@ def test_prototype_scoring_predicts_the_nearest_global_prototype(tiny_data, name
     assert not torch.equal(correct_topk(c.model, x, y, ks=(1,))[1], hits_head)
     # before any global prototype: the classifier's logits (HtFLlib reports 0 there)
     fresh = create_method(name)
+    fed.scoring = scoring_of({"predict": "prototype"})
     fed.setup(fresh)
     with torch.inference_mode():
         c.model.eval()
@@ -472,7 +475,8 @@ def test_engine_refusals_are_one_line_naming_the_method(name):
         with pytest.raises(ConfigError, match=f"engine.server_model: method '{name}' keeps a model per participant") as e:
             check_engine(m, EngineConfig(device="cpu", server_model=True))
         assert "\n" not in str(e.value)
-    local = create_method(name, {"eval_models": "local"}) if name in ("fpl", "fedheal") else None
-    if local is not None:
-        with pytest.raises(ConfigError, match="clients_per_round/client_fraction"):
-            check_engine(local, EngineConfig(device="cpu", clients_per_round=1))
+    if name in ("fpl", "fedheal"):  # the local scoring protocol scores every participant's own model
+        from fedshift.engine.config import ScoringConfig
+
+        with pytest.raises(ConfigError, match="clients_per_round/client_fraction: scoring.eval_models: local"):
+            check_engine(m, EngineConfig(device="cpu", clients_per_round=1), ScoringConfig(eval_models="local"))

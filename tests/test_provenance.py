@@ -100,10 +100,11 @@ def test_data_rebuilt_during_the_run_publishes_nothing(tiny_data, tmp_path, monk
     old = store.sha256_file(part / "manifest.json")
     real = FedAvg.run_round
 
-    def run_round(self, fed, r):
+    def run_round(self, ctx):
+        r = ctx.round
         if r == 2:
             _rehash(part, note="rebuilt")
-        return real(self, fed, r)
+        return real(self, ctx)
 
     monkeypatch.setattr(FedAvg, "run_round", run_round)
     out = tmp_path / "run"

@@ -57,11 +57,12 @@ def _stop_in_round(monkeypatch, cls, stop_at=3):
     round); returns the list of rounds entered and the original run_round."""
     calls, real = [], cls.run_round
 
-    def run_round(self, fed, r):
+    def run_round(self, ctx):
+        r = ctx.round
         calls.append(r)
         if r == stop_at:
             raise KeyboardInterrupt
-        return real(self, fed, r)
+        return real(self, ctx)
 
     monkeypatch.setattr(cls, "run_round", run_round)
     return calls, real

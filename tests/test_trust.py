@@ -134,10 +134,11 @@ def test_sigterm_checkpoints_marks_killed_and_rerun_continues_the_run(tiny_data,
     partial = checkpoint.partial_dir(tmp_path / "out")
     real = FedMD.run_round
 
-    def term_in_round_2(self, fed, r):
+    def term_in_round_2(self, ctx):
+        r = ctx.round
         if r == 2:
             os.kill(os.getpid(), signal.SIGTERM)  # as SLURM does at the time limit
-        return real(self, fed, r)
+        return real(self, ctx)
 
     monkeypatch.setattr(FedMD, "run_round", term_in_round_2)
     capsys.readouterr()

@@ -258,10 +258,11 @@ def test_an_interrupted_candidate_resumes_from_its_checkpoint(relabelled, tmp_pa
     out = tmp_path / "results/tune" / key
     real = FedAvg.run_round
 
-    def stop_in_round_3(self, fed, r):
+    def stop_in_round_3(self, ctx):
+        r = ctx.round
         if r == 3:
             raise KeyboardInterrupt  # SIGTERM/SIGINT land as an exception inside a round
-        return real(self, fed, r)
+        return real(self, ctx)
 
     monkeypatch.setattr(FedAvg, "run_round", stop_in_round_3)
     with pytest.raises(KeyboardInterrupt):

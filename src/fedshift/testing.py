@@ -111,12 +111,14 @@ def synthetic_federation(num_clients: int, per_client: int = 12, arch: str = "le
 
 
 def copy_engine_state(fed_a: Federation, fed_b: Federation) -> None:
-    """What the engine restores itself on resume: the participants' weights and the random streams."""
+    """What the engine restores itself on resume: the participants' weights, the random streams and the
+    server's delivery waiting for the next round (``scoring.eval_models: local``)."""
     for ca, cb in zip(fed_a.clients, fed_b.clients):
         cb.model.load_state_dict(ca.model.state_dict())
         cb.generator.set_state(ca.generator.get_state())
     fed_b.public_gen.set_state(fed_a.public_gen.get_state())
     fed_b.aug_gen.set_state(fed_a.aug_gen.get_state())
+    fed_b.pending = checkpoint.restore_pending(checkpoint.pending_state(fed_a.pending), fed_b.device)
 
 
 def resumed_round_three(build: Callable[[], Tuple[Federation, Any]], path: Path) -> Tuple[Tuple[Federation, Any], Tuple[Federation, Any]]:

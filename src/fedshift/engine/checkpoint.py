@@ -96,7 +96,8 @@ def find_generators(obj: Any, prefix: str, out: Dict[str, Any], depth: int = 3) 
 
     Walking the objects, instead of listing generators by name, includes generators
     that helpers add later (client sampling, dropout streams) without touching this code.
-    Modules, tensors and datasets are not entered.
+    Modules, tensors and datasets are not entered; nor is the federation's round context (``ctx``: a view of
+    the federation and its method, whose generators the method's own state holds).
     """
     if isinstance(obj, (torch.Generator, np.random.Generator)):
         out[prefix] = obj
@@ -116,7 +117,7 @@ def find_generators(obj: Any, prefix: str, out: Dict[str, Any], depth: int = 3) 
     return out
 
 
-def generator_states(root: Any, skip=("data",)) -> Dict[str, Any]:
+def generator_states(root: Any, skip=("data", "ctx")) -> Dict[str, Any]:
     """State of every generator reachable from ``root`` (see :func:`find_generators`)."""
     gens = {}
     for k, v in vars(root).items():
@@ -125,7 +126,7 @@ def generator_states(root: Any, skip=("data",)) -> Dict[str, Any]:
     return {k: (g.get_state() if isinstance(g, torch.Generator) else _np_gen_state(g)) for k, g in gens.items()}
 
 
-def set_generator_states(root: Any, states: Mapping[str, Any], skip=("data",)) -> None:
+def set_generator_states(root: Any, states: Mapping[str, Any], skip=("data", "ctx")) -> None:
     gens = {}
     for k, v in vars(root).items():
         if k not in skip:
