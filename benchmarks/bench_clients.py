@@ -117,7 +117,7 @@ def cell(args) -> dict:
     models = build_models([args.model], 10, 1, cfg.norm, 0) * args.clients
     fed = Federation(data, models, [args.model] * args.clients, cfg, 0, device)
     m = create_method(args.method)
-    m.setup(fed)
+    fed.setup(m)
     fused.decide_for_run(fed, m)
 
     def sync():
@@ -125,12 +125,12 @@ def cell(args) -> dict:
             torch.cuda.synchronize()
 
     fed.round = 1
-    m.run_round(fed, 1)  # warm-up (allocator, kernels)
+    fed.run_round(1)  # warm-up (allocator, kernels)
     sync()
     t = time.perf_counter()
     for r in range(2, args.rounds + 2):
         fed.round = r
-        m.run_round(fed, r)
+        fed.run_round(r)
     sync()
     dt = time.perf_counter() - t
     sampled = per_round(args.clients, args.fraction)

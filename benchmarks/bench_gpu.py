@@ -47,7 +47,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from fedshift.data.loading import ClientData, FederatedData  # noqa: E402
 from fedshift.engine.config import EngineConfig  # noqa: E402
 from fedshift.engine.federation import Federation, resolve_device  # noqa: E402
-from fedshift.engine.fused import (federation_batches, optimizer_from_engine, train_clients_fused,  # noqa: E402
+from fedshift.engine.fused import (FusedOptimizer, federation_batches, train_clients_fused,  # noqa: E402
                                    weighted_mean_stacked)
 from fedshift.runner import build_models  # noqa: E402
 from fedshift.methods import create_method  # noqa: E402
@@ -117,12 +117,12 @@ def digits_round(args, levers: Dict, device: torch.device) -> Dict[str, float]:
     fed = Federation(data, models, archs, eng, 0, device)
     fed.round = 1
     method = create_method("fccl_plus", {"corr_every": 0} if "corr_every" in _fields("fccl_plus") else {}, "digits")
-    method.setup(fed)
+    fed.setup(method)
 
     def local():
-        return fed.train_participants(loss_fn=lambda cl, x, y, s: method.local_loss(fed, cl, x, y, s), epochs=1)
+        return fed.train_participants(loss_fn=lambda cl, x, y, s: method.local_loss(fed.ctx, cl, x, y, s), epochs=1)
 
-    phases = {"collaborative": lambda: method.collaborate(fed, fed.round), "local (1 epoch, all)": local,
+    phases = {"collaborative": lambda: method.collaborate(fed.ctx), "local (1 epoch, all)": local,
               "evaluation": fed.evaluate}
     out: Dict[str, float] = {}
     t0 = time.perf_counter()
@@ -142,7 +142,7 @@ def digits_round(args, levers: Dict, device: torch.device) -> Dict[str, float]:
         for c, arch in zip(fed.clients, archs):
             sync(device)
             t = time.perf_counter()
-            fed.train_participants(clients=[c], loss_fn=lambda cl, x, y, s: method.local_loss(fed, cl, x, y, s),
+            fed.train_participants(clients=[c], loss_fn=lambda cl, x, y, s: method.local_loss(fed.ctx, cl, x, y, s),
                                    epochs=1)
             sync(device)
             out[f"local, {arch} alone ({c.num_private} images)"] = time.perf_counter() - t
@@ -225,7 +225,7 @@ def fedavg_bench(args, device: torch.device) -> None:
         chosen = [fed.clients[i] for i in torch.randperm(n_clients, generator=pick)[:sampled].tolist()]
         model.load_state_dict(glob)
         params, _ = train_clients_fused(model, [federation_batches(fed, c, eng.local_epochs) for c in chosen],
-                                        optimizer_from_engine(fed))
+                                        FusedOptimizer.of(fed.optimizer_settings("local")))
         glob = weighted_mean_stacked(params, [c.num_private for c in chosen])
 
     runs = {"sequential": sequential_round, "fused": fused_round}

@@ -182,14 +182,14 @@ def build(args, structure: str):
     models = build_models(archs, data.num_classes, data.image_shape[0], cfg.norm, args.seed)
     fed = Federation(data, models, archs, cfg, args.seed, device)
     fed.round = 1
-    method.setup(fed)
+    fed.setup(method)
     return fed, method, cfg, archs
 
 
 def bench(args, structure: str) -> Dict[str, float]:
     fed, method, cfg, archs = build(args, structure)
     cuda = fed.device.type == "cuda"
-    method.run_round(fed, 1)  # warm-up: lazy allocations, kernel choice
+    fed.run_round(1)  # warm-up: lazy allocations, kernel choice
     timer = PhaseTimer(cuda)
     restore = instrument(timer)
     try:
@@ -199,7 +199,7 @@ def bench(args, structure: str) -> Dict[str, float]:
         timer.mark, timer.active = t0, True
         for r in range(2, 2 + args.rounds):
             fed.round = r
-            method.run_round(fed, r)
+            fed.run_round(r)
         timer._tick()
         total = time.perf_counter() - t0
     finally:

@@ -197,7 +197,7 @@ def worker(spec: Dict) -> Dict:
     models = build_models(archs, 10, 3, ecfg.norm, 0)
     fed = Federation(data, models, archs, ecfg, 0, device)
     method = create_method("fccl_plus", cfg["method"], "digits")
-    method.setup(fed)
+    fed.setup(method)
     out: Dict = {"archs": archs, "threads": torch.get_num_threads()}
 
     def timed(name, fn):
@@ -210,9 +210,9 @@ def worker(spec: Dict) -> Dict:
     if ecfg.eval_round0:
         timed("eval0", fed.evaluate)
     fed.round = 1
-    timed("collab", lambda: method.collaborate(fed, 1))
-    timed("local", lambda: method.local_update(fed, 1))
-    timed("corr", lambda: method.after_round(fed, 1))
+    timed("collab", lambda: method.collaborate(fed.ctx))
+    timed("local", lambda: method.local_update(fed.ctx))
+    timed("corr", lambda: method.after_round(fed.ctx))
     timed("eval", fed.evaluate)
     ru = resource.getrusage(resource.RUSAGE_SELF)
     out["process"] = {"wall": time.perf_counter() - T_START, "user": ru.ru_utime, "sys": ru.ru_stime,

@@ -58,7 +58,7 @@ def grid(**block):
     ({**grid(), "engine": {"rounds": "many"}}, r"engine \(fccl_plus on rotmnist\).rounds: expected int"),
     ({**grid(), "methods": {"fccl_plus": {"tua": 3}}}, r"methods.fccl_plus.tua: unknown key.*tau"),
     ({**grid(), "variants": {"x": {"method": "fcl"}}}, r"variants.x.method: unknown method 'fcl'"),
-    (grid(public=None), "needs an unlabeled public set"),
+    (grid(public=None), "requires an unlabeled public set"),
     ({**grid(), "methods": {"fccl_plus": {"homogeneous_averaging": "before_local"}}}, "averages parameters, but 'demo_mixed'"),
     ({**grid(methods=["fccl"]), "pretrain": {"norm": "batch"}}, r"engine.norm \('default'\) differs from pretrain.norm"),
     (grid(scenarios=["digits_offline"], public=["uci_digits"]), "public set 'uci_digits' samples dataset 'uci_digits'"),

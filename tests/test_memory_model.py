@@ -97,15 +97,19 @@ def _fedavg_job(k, server_model, eval_batch=2048, partition=None):
 
 
 def test_server_model_is_flat_in_clients_and_keep_counts_an_architecture_once():
-    """Issue 39 point 3: 100 clients sharing one working model (engine.server_model) ask what 2 ask;
-    without it the weights grow with K, the kept activations do not (one architecture)."""
-    shared = [resources.job_estimate(_fedavg_job(k, True)) for k in (2, 100)]
+    """Issue 39 point 3: 100 clients sharing one working model (engine.server_model) ask what 10 ask (10
+    sampled a round: the server step's trained states, issue 49); without it the weights grow with K, the
+    kept activations do not (one architecture)."""
+    shared = [resources.job_estimate(_fedavg_job(k, True)) for k in (10, 100)]
     assert shared[0] == shared[1]
     own = [resources.job_estimate(_fedavg_job(k, False)) for k in (2, 100)]
     assert own[1].weights == pytest.approx(50 * own[0].weights)
     assert own[1].activations == own[0].activations == shared[0].activations
     w, _ = resources.arch_profile("fedavg_cnn_mnist", (1, 28, 28), 10)
-    assert shared[0].weights == pytest.approx(w * (1 + 1 + 0 + 1 + 1))  # model, grads, plain SGD, global, average
+    # model, grads, plain SGD, global, the round's 10 trained states, average
+    assert shared[0].weights == pytest.approx(w * (1 + 1 + 0 + 1 + 10 + 1))
+    two = resources.job_estimate(_fedavg_job(2, True))  # fewer clients than clients_per_round: both train
+    assert two.weights == pytest.approx(w * (1 + 1 + 0 + 1 + 2 + 1))
 
 
 def test_batches_are_clamped_to_the_built_data(tmp_path):

@@ -71,7 +71,7 @@ def test_failed_run_leaves_previous_outputs(tiny_data, tmp_path, monkeypatch):
     before = (out / "metrics.json").read_text()
     from fedshift.methods.fedmd import FedMD
 
-    def boom(self, fed, r):
+    def boom(self, ctx):
         raise KeyboardInterrupt
 
     monkeypatch.setattr(FedMD, "collaborate", boom)

@@ -180,15 +180,18 @@ def test_report_runs_are_named_by_grid_and_replaced_on_rerun(store):
     assert newest.data.tags["fedshift.replaces"] == deleted[0].info.run_id
 
 
-def test_pooled_metrics_reach_mlflow_only_where_the_grid_asks_for_them(tiny_data, tmp_path):
-    """A FedAvg run of a default grid logs no WDP/CDP/ACC keys (its charts lead with its own
-    headline); the same run in a FedH2L-style grid (pooled_rows, best_val) logs them.
-    metrics.json keeps them either way."""
+def test_pooled_metrics_exist_only_where_the_grid_asks_for_them(tiny_data, tmp_path):
+    """Issue 49: a FedAvg run of a default grid computes no WDP/CDP/ACC (FedH2L's scoring): neither its
+    metrics.json headline nor MLflow carries them, and no pooled row reaches rounds.csv; the same run in a
+    grid whose scoring asks for them (scoring.metrics: [pooled], FedH2L's best_val selection) has them
+    in all three."""
     import json
 
+    import pandas as pd
+
     from fedshift import runner
-    from fedshift.methods.pooled_metrics import is_h2l_key
     from fedshift.experiments import load_experiments
+    from fedshift.scoring.pooled import is_pooled_key
     from fedshift.tracking import NullTracker
 
     class Recording(NullTracker):
@@ -198,26 +201,30 @@ def test_pooled_metrics_reach_mlflow_only_where_the_grid_asks_for_them(tiny_data
         def log_metrics(self, metrics, step=None):
             self.keys |= set(metrics)
 
-    logged = {}
-    for name, extra in (("plain", {}), ("h2l", {"pooled_rows": True, "select": "best_val", "eval_every": 1})):
-        exp = {"engine": {"rounds": 1, "device": "cpu", "local_batch": 64, **extra},
+    logged, headline, kinds = {}, {}, {}
+    for name, engine, scoring in (("plain", {}, {}),
+                                  ("h2l", {"select": "best_val", "eval_every": 1}, {"metrics": ["pooled"]})):
+        exp = {"engine": {"rounds": 1, "device": "cpu", "local_batch": 64, **engine}, "scoring": scoring,
                "grid": [{"scenarios": ["rotmnist"], "methods": ["fedavg"], "structures": ["homo_lenet"]}]}
         plan = load_experiments(exp, {"scenarios": {"rotmnist": {}}}, results=str(tmp_path / name), build=str(tiny_data))
         cfg = next(iter(plan.federate.values()))
         tracker = Recording()
         runner.run_federate(cfg, tmp_path / name / "run", tracker)
         logged[name] = tracker.keys
-        assert any(is_h2l_key(k) for k in json.loads((tmp_path / name / "run/metrics.json").read_text())["headline"])
-    assert not any(is_h2l_key(k) for k in logged["plain"]), sorted(logged["plain"])
-    assert "avg/inter/top1" in logged["plain"]
-    assert {"avg/wdp", "avg/cdp", "avg/acc", "avg/val/acc", "m0/wdp"} <= logged["h2l"]
+        headline[name] = json.loads((tmp_path / name / "run/metrics.json").read_text())["headline"]
+        kinds[name] = set(pd.read_csv(tmp_path / name / "run/rounds.csv")["kind"])
+    assert not any(is_pooled_key(k) for k in logged["plain"] | set(headline["plain"])), sorted(headline["plain"])
+    assert "avg/inter/top1" in logged["plain"] and "avg/inter/top1" in headline["plain"]
+    assert kinds["plain"] == {"intra", "inter"}
+    assert {"avg/wdp", "avg/cdp", "avg/acc", "avg/val/acc", "m0/wdp"} <= logged["h2l"] & set(headline["h2l"])
+    assert kinds["h2l"] == {"intra", "inter", "wdp", "cdp", "acc", "val_acc"}
 
 
-def test_h2l_key_names():
-    from fedshift.methods.pooled_metrics import is_h2l_key
+def test_pooled_key_names():
+    from fedshift.scoring.pooled import is_pooled_key
 
-    assert all(map(is_h2l_key, ["m0/wdp", "avg/cdp", "avg/acc", "m20/val/acc", "avg/val/acc"]))
-    assert not any(map(is_h2l_key, ["avg/inter/top1", "m0/intra/top5", "train/acc", "m0/train/acc", "global/acc"]))
+    assert all(map(is_pooled_key, ["m0/wdp", "avg/cdp", "avg/acc", "m20/val/acc", "avg/val/acc"]))
+    assert not any(map(is_pooled_key, ["avg/inter/top1", "m0/intra/top5", "train/acc", "m0/train/acc", "global/acc"]))
 
 
 def test_a_copied_store_finds_its_artifacts_after_the_old_folder_is_gone(tmp_path, monkeypatch):

@@ -42,8 +42,9 @@ that against fresh runs; tests/test_slurm.py against sacct's MaxRSS under enforc
 
 Many-client grids (FedMMD/FedFusion's 100 MNIST shards; issue 39 point 3): under
 ``engine.server_model`` the K stateless clients share one working model, so weights and the
-kept activations are those of one model, whatever K (client sampling changes nothing more: one
-client trains at a time). ``keep`` is counted once per distinct architecture (the allocator's
+kept activations are those of one model, whatever K; the server step (issue 49) receives each of
+the round's m trained states, so m weight copies are counted on top (m = the sampled clients, 10
+of FedFusion's 100). ``keep`` is counted once per distinct architecture (the allocator's
 reused buffers and oneDNN's primitive caches are per layer shape: ten identical LeNets keep what
 one keeps). The batches are those the job really runs: ``local_batch`` at most the largest
 client's private samples, ``public_batch`` at most the public set, ``eval_batch`` at most the
@@ -332,7 +333,12 @@ def job_estimate(cfg: Mapping, gpus: int = 0, root: Path = Path(".")) -> MemoryE
     method = cfg.get("base_method", cfg.get("method"))
     cls = METHODS.get(method, key="method")
     archs = list(cfg["archs"])
-    if eng.get("server_model"):  # stateless clients share one working model: memory flat in K
+    copies = cls.weight_copies
+    if eng.get("server_model"):  # stateless clients share one working model: memory flat in K ...
+        # ... but the server step gets every trained client's state: the round's clients, one copy each
+        k, fraction = len(archs), float(eng.get("client_fraction") or 0.0)
+        m = int(eng.get("clients_per_round") or 0) or (max(int(math.floor(fraction * k + 0.5)), 1) if fraction else k)
+        copies += min(m, k)
         archs = archs[:1]
     dev = _device_of(eng, gpus)
     local_batch = _clamped(int(eng["local_batch"]), private_n)
@@ -341,7 +347,7 @@ def job_estimate(cfg: Mapping, gpus: int = 0, root: Path = Path(".")) -> MemoryE
     uses_public = bool(paths.get("public")) and cls.uses_public
     public_n = _manifest_sizes(public)[2] if public and uses_public else 0
     graphs = cls.public_graphs if cls.public_graphs != "engine" else str(eng.get("public_graphs", "one"))
-    return estimate(archs, image_shape, copies=cls.weight_copies, local_batch=local_batch,
+    return estimate(archs, image_shape, copies=copies, local_batch=local_batch,
                     public_batch=_clamped(int(eng["public_batch"]), public_n) if uses_public else 0,
                     eval_batch=_clamped(int(eng.get("eval_batch", 256)), test_n),
                     all_graphs=uses_public and graphs == "all",

@@ -45,9 +45,12 @@ def load_run(run_dir: Path) -> pd.DataFrame:
     df["local_epochs"] = (cfg.get("engine") or {}).get("local_epochs")  # the schedule a proxy section states
     # one data draw for every seed, or one per seed: what the report's intervals cover
     df["data_seed"] = (cfg.get("engine") or {}).get("data_seed", "fixed")
-    # how a server-averaging method was scored (issue 34 item 6): a table mixing these is marked
-    mp = cfg.get("method_params") or {}
-    df["protocol"] = ", ".join(f"{k} {mp[k]}" for k in ("eval_models", "weighting") if k in mp)
+    # how the run was scored (the grid's scoring: block, issue 49; before it, a server-averaging method's
+    # params): one protocol per table by construction, and a table mixing them is marked all the same
+    sc = cfg.get("scoring") or {k: v for k, v in (cfg.get("method_params") or {}).items()
+                                if k in ("eval_models", "weighting")}
+    df["protocol"] = ", ".join([f"{k} {sc[k]}" for k in ("eval_models", "weighting") if k in sc]
+                               + (["predict prototype"] if sc.get("predict") == "prototype" else []))
     # engine.select: best_val (issue 36): each participant's evaluation with the best validation ACC
     # (metrics.json selected_rounds) is the run's headline in the report, instead of the last-k mean.
     select = (cfg.get("engine") or {}).get("select", "last_k")

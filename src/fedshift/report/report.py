@@ -145,9 +145,9 @@ def _slug(*parts: str) -> str:
 
 
 def mixed_protocols(runs: pd.DataFrame) -> List[str]:
-    """A warning line when the server-averaging rows of one table were scored under different
-    ``eval_models`` / ``weighting`` (e.g. a plugin under McMahan's protocol beside FedAvg under the FCCL+
-    authors'): such rows do not compare like for like."""
+    """A warning line when the rows of one table were scored under different ``eval_models`` / ``weighting``
+    (runs published before the grid's ``scoring:`` block made one protocol per table, or collected from
+    several grids): such rows do not compare like for like."""
     if "protocol" not in runs.columns:
         return []
     per = (runs.dropna(subset=["protocol"]).loc[lambda d: d["protocol"].astype(str) != ""]
@@ -156,7 +156,7 @@ def mixed_protocols(runs: pd.DataFrame) -> List[str]:
         return []
     return ["**⚠ Mixed scoring protocols in this table:** " + "; ".join(f"{m}: {p}" for m, p in per.items())
             + " (`eval_models: local` scores each participant's own model after local updating, `global` the "
-            "averaged model; set them equal in the grid's `methods:` block to compare like for like).", ""]
+            "averaged model; one `scoring:` block per scenario scores every row alike).", ""]
 
 
 def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None, last_k: int = 3,
