@@ -7,6 +7,8 @@ from __future__ import annotations
 import ast
 import re
 
+import pytest
+
 from conftest import REPO
 from fedshift.engine.context import FIELDS, RoundContext
 from fedshift.methods import METHODS, create_method
@@ -105,6 +107,18 @@ def _doc_plugin():
     return code, ns["FedAvgM"]
 
 
+def _doc_scaffold():
+    """The SCAFFOLD block of docs/extending.md (per-participant state and a server step), executed alike."""
+    import re as _re
+
+    text = (REPO / "docs/extending.md").read_text()
+    section = text[text.index("### Per-participant state and a server step"):]
+    code = _re.search(r"```python\n(.*?)```", section, _re.S).group(1)
+    ns: dict = {"__name__": "scaffold_doc"}
+    exec(compile(code, "docs/extending.md", "exec", dont_inherit=True), ns)
+    return code, ns["Scaffold"]
+
+
 def _lines_of_code(code):
     import ast
     import io
@@ -170,3 +184,55 @@ def test_the_fedavgm_of_extending_md_is_20_lines_and_computes_server_momentum(mo
     _fed64(monkeypatch).setup(fresh)
     fresh.load_state_dict(torch.load(buf, weights_only=True))
     assert fresh.v.keys() == m.v.keys() and all(torch.equal(fresh.v[k], m.v[k]) for k in m.v)
+
+
+@pytest.mark.parametrize("eval_models", ["global", "local"])
+def test_the_scaffold_of_extending_md_runs_and_resumes_under_either_protocol(tiny_data, tmp_path, eval_models):
+    """Issue 49: a plugin written from the docs alone (per-participant state, a server step), with no branch
+    on the protocol, runs under eval_models global and local and resumes bit-identically from its state."""
+    from fedshift.testing import resumed_round_three, tiny_federation
+
+    code, Scaffold = _doc_scaffold()
+    assert _lines_of_code(code) <= 30 and "eval_models" not in code
+
+    def build():
+        fed = tiny_federation(tiny_data, ("lenet", "lenet"), rounds=3, public_aug="none", optimizer="sgd",
+                              momentum=0.0, lr=0.05, weight_decay=0.0, scoring={"eval_models": eval_models})
+        m = Scaffold(Scaffold.Params())
+        fed.setup(m)
+        return fed, m
+
+    (fed, m), _ = resumed_round_three(build, tmp_path / "state.pt")
+    assert any(float(v.abs().sum()) > 0 for v in m.c.values())  # the server moved the controls
+    assert (fed.pending is not None) == (eval_models == "local")  # the engine timed the delivery
+
+
+def test_the_scaffold_of_extending_md_computes_what_the_built_in_scaffold_does(monkeypatch):
+    """In float64, two rounds of three sampled clients of five: the doc plugin's models and controls equal the
+    built-in scaffold's (tests/test_scaffold_fednova.py holds that one against Algorithm 1 written as a loop)."""
+    import torch
+
+    from fedshift.testing import synthetic_federation
+
+    _, Scaffold = _doc_scaffold()
+    from fedshift.engine import federation
+
+    monkeypatch.setattr(federation, "normalize", lambda x: (x.double() / 255.0 - 0.5) / 0.5)
+    out = []
+    for make in (lambda: Scaffold(Scaffold.Params()), lambda: create_method("scaffold")):
+        fed = synthetic_federation(5, server_model=False, local_epochs=2, local_batch=4, lr=0.1, momentum=0.0,
+                                   clients_per_round=3, scoring={"weighting": "uniform"})
+        for c in fed.clients:
+            c.model.double()
+        m = make()
+        fed.setup(m)
+        for r in (1, 2):
+            fed.run_round(r)
+        out.append((fed, m))
+    (fa, ma), (fb, mb) = out
+    for k, v in fa.clients[0].model.state_dict().items():
+        torch.testing.assert_close(v, fb.clients[0].model.state_dict()[k], rtol=1e-10, atol=1e-12)
+    for name in ma.c_i:
+        for k, v in ma.c_i[name].items():
+            torch.testing.assert_close(v, mb.c_i[name][k], rtol=1e-9, atol=1e-11)
+    assert any(float(v.abs().sum()) > 0 for v in mb.c.values())
