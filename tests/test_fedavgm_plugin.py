@@ -69,9 +69,10 @@ def test_doc_plugins_run_resume_bit_identically_and_report_under_one_protocol(tm
     from fedshift import runner
     from fedshift.methods import METHODS
 
-    monkeypatch.syspath_prepend(str(site))
-    monkeypatch.setitem(METHODS._items, "scaffold_plugin", Scaffold)
-    monkeypatch.setitem(METHODS._items, "fedavgm", FedAvgM)
+    monkeypatch.setattr(METHODS, "_plugins_loaded", True)  # the in-process registry: the classes themselves
+    for name, cls in (("scaffold_plugin", Scaffold), ("fedavgm", FedAvgM)):
+        monkeypatch.setitem(METHODS._items, name, cls)
+        monkeypatch.setitem(METHODS._origin, name, "plugin (this test)")
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     runner.run_federate(cfg, tmp_path / "straight")
     assert (tmp_path / "straight/rounds.csv").read_bytes() == (run_dir / "rounds.csv").read_bytes()

@@ -62,6 +62,7 @@ SMALL = {
     "mnist5k_shards": {},
     "mnist5k_binary": {},
     "mnist5k_permuted": {"clients": 3},
+    "noisy_mnist": {},
 }
 
 
