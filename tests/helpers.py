@@ -44,6 +44,19 @@ def run_method(root, params, method, rounds, archs, **engine):
     return fed, m
 
 
+def reference_batches(data, generator, batch, epochs, normalize):
+    """The minibatches of ``data`` (images, labels) as fedshift's private_batches draws them, for the tests'
+    loop re-implementations: one ``randperm`` of ``generator`` per epoch, a one-sample remainder dropped."""
+    x, y = data
+    for _ in range(epochs):
+        order = torch.randperm(len(y), generator=generator)
+        for s in range(0, len(y), batch):
+            idx = order[s:s + batch]
+            if len(idx) < 2:
+                continue
+            yield normalize(x[idx]), y[idx]
+
+
 TINY = Path(__file__).resolve().parent / "config"
 
 

@@ -19,6 +19,7 @@ from fedshift.methods.fdse import (DSEConv2d, DSELinear, consistency_loss, decom
 from fedshift.models import create_model
 
 from fedshift.testing import resumed_round_three, synthetic_federation, tiny_federation
+from helpers import reference_batches
 
 DT = torch.float64
 
@@ -193,31 +194,25 @@ class RefFDSE:
         hooks = [l.register_forward_hook(lambda mod, inp, out: maps.append(
             inp[0].mean(0).mean(-1).mean(-1) if inp[0].dim() > 3 else inp[0].mean(0))) for l in layers]
         opt = torch.optim.SGD(model.parameters(), lr=lr)
-        x, y = data
         fn = vn = None
         model.train()
-        for _ in range(epochs):
-            order = torch.randperm(len(y), generator=gen)
-            for s in range(0, len(y), batch):
-                idx = order[s:s + batch]
-                if len(idx) < 2:
-                    continue
-                loss = F.cross_entropy(model(_norm64(x[idx])), y[idx])
-                if r > 1 and self.lmbd > 0:
-                    lm = lv = 0.0
-                    for g, w, f, v, ln in zip(gm, wts, maps, gv, layers):
-                        mf, vf = f.mean(dim=0), f.var(dim=0)
-                        fn = (1 - ln.momentum) * fn + ln.momentum * mf if fn is not None else mf
-                        vn = (1 - ln.momentum) * vn + ln.momentum * vf if vn is not None else vf
-                        lm = lm + w * ((g.pow(2) - fn.pow(2)) / (2 * vn)).mean()
-                        lv = lv + w * 0.5 * (torch.log(vn / (v + 1e-8)) + v / (vn + 1e-8)).mean()
-                    loss = loss + self.lmbd * (lm + lv)
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                maps.clear()
-                fn = fn.detach() if fn is not None else None
-                vn = vn.detach() if vn is not None else None
+        for xb, yb in reference_batches(data, gen, batch, epochs, _norm64):
+            loss = F.cross_entropy(model(xb), yb)
+            if r > 1 and self.lmbd > 0:
+                lm = lv = 0.0
+                for g, w, f, v, ln in zip(gm, wts, maps, gv, layers):
+                    mf, vf = f.mean(dim=0), f.var(dim=0)
+                    fn = (1 - ln.momentum) * fn + ln.momentum * mf if fn is not None else mf
+                    vn = (1 - ln.momentum) * vn + ln.momentum * vf if vn is not None else vf
+                    lm = lm + w * ((g.pow(2) - fn.pow(2)) / (2 * vn)).mean()
+                    lv = lv + w * 0.5 * (torch.log(vn / (v + 1e-8)) + v / (vn + 1e-8)).mean()
+                loss = loss + self.lmbd * (lm + lv)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            maps.clear()
+            fn = fn.detach() if fn is not None else None
+            vn = vn.detach() if vn is not None else None
         for h in hooks:
             h.remove()
 

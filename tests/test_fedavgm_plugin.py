@@ -1,7 +1,7 @@
 """Issues 35 and 49, "done when": the plugins of docs/extending.md, installed as a newcomer would (a
 distribution with ``fedshift.methods`` entry points, here written as pip leaves it), run through Snakemake
-on the one tiny grid (tests/config/tiny.yaml: rotmnist, whose scoring is the FCCL+ protocol,
-``eval_models: local``) beside FedAvg: the SCAFFOLD-like plugin (per-participant state, a server step)
+on the one tiny grid (tests/config/tiny.yaml, scored by the FCCL+ protocol of params/experiments.yaml's
+rotmnist, ``eval_models: local``) beside FedAvg: the SCAFFOLD-like plugin (per-participant state, a server step)
 is killed with a checkpoint on disk, resumes and ends bit-identical to a straight run; the report table
 holds one protocol; FedAvgM's server momentum moves its weights and curves away from FedAvg's there and,
 in-process on the same grid, under ``eval_models: global``."""
@@ -50,6 +50,8 @@ def test_doc_plugins_run_resume_bit_identically_and_report_under_one_protocol(tm
 
     grid = tiny_grid(methods=["fedavg", "fedavgm", "scaffold_sgd"], report={"title": "doc plugins"})
     grid["variants"] = {"scaffold_sgd": SCAFFOLD_SGD}  # SCAFFOLD declares plain SGD (validate refuses Adam)
+    # the FCCL+ protocol (params/experiments.yaml's for rotmnist): the server's delivery waits in the checkpoint
+    grid["scoring"] = {"eval_models": "local", "weighting": "uniform"}
     rounds = grid["engine"]["rounds"]
     root = pipeline_copy(tmp_path / "project", grid=grid)
     for part in ("partitions/rotmnist", "public/photo_patches"):  # the session's build of the tiny data
@@ -73,6 +75,7 @@ def test_doc_plugins_run_resume_bit_identically_and_report_under_one_protocol(tm
     for name, cls in (("scaffold_plugin", Scaffold), ("fedavgm", FedAvgM)):
         monkeypatch.setitem(METHODS._items, name, cls)
         monkeypatch.setitem(METHODS._origin, name, "plugin (this test)")
+    monkeypatch.chdir(root)  # the resolved config's paths are the project's
     cfg = yaml.safe_load((run_dir / "config.yaml").read_text())
     runner.run_federate(cfg, tmp_path / "straight")
     assert (tmp_path / "straight/rounds.csv").read_bytes() == (run_dir / "rounds.csv").read_bytes()

@@ -14,6 +14,7 @@ from fedshift.methods import create_method
 from fedshift.methods.fedheal import consistency_mask, fair_weights, masked_aggregate, update_size
 
 from fedshift.testing import resumed_round_three, scoring_of, synthetic_federation, tiny_federation
+from helpers import reference_batches
 
 DT = torch.float64
 
@@ -84,17 +85,11 @@ class RefHEAL:
         for name, c, gen in sampled:
             model.load_state_dict(global_w)
             opt = torch.optim.SGD(model.parameters(), lr=lr)
-            x, y = c.data.get("private")
-            for _ in range(epochs):
-                order = torch.randperm(len(y), generator=gen)
-                for s in range(0, len(y), batch):
-                    idx = order[s:s + batch]
-                    if len(idx) < 2:
-                        continue
-                    loss = F.cross_entropy(model(_norm64(x[idx])), y[idx])
-                    opt.zero_grad()
-                    loss.backward()
-                    opt.step()
+            for xb, yb in reference_batches(c.data.get("private"), gen, batch, epochs, _norm64):
+                loss = F.cross_entropy(model(xb), yb)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
             local = model.state_dict()
             diff = {k: global_w[k] - local[k] for k in global_w if torch.is_floating_point(global_w[k])}
             if name not in self.hist:

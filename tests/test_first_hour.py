@@ -22,6 +22,7 @@ def test_list_methods_long_says_what_each_needs_and_what_it_is(capsys):
     assert lines["fccl"].startswith("needs: public set, BASE checkpoints (pretrain)\t")  # init: base by default
     assert lines["fedavg"].startswith("needs: a homo_<model> structure\tFedAvg:")
     assert lines["base"].startswith("needs: private data only\tSOLO/BASE")
+    assert lines["scaffold"].startswith("needs: engine.optimizer: sgd, engine.momentum: 0, a homo_<model> structure\t")
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["run", "--help"], ["ui-url", "--help"], ["list", "--help"]])

@@ -1,7 +1,7 @@
 """The generic path names no paper's method (issue 35): runner.py, cli/ and engine/ import no
 paper's method module and call no paper-specific code; a paper's extras reach them only through
-the :class:`fedshift.methods.Method` hooks (``evaluation_extras``, ``select_headline``,
-``tracked_metrics``, ``artifacts``, ``run_summary``). Comments, docstrings and strings (citations,
+the :class:`fedshift.methods.Method` hooks (``prototype_scores``, ``artifacts``, ``run_summary``) and the
+grid's scoring registry (``fedshift.scoring``). Comments, docstrings and strings (citations,
 file names in messages) are not code and are not scanned."""
 
 from __future__ import annotations

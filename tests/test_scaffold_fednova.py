@@ -17,6 +17,7 @@ from fedshift.methods import create_method
 from fedshift.methods.fednova import effective_steps, fednova_step
 from fedshift.methods.scaffold import client_control, control_term, scaffold_server
 from fedshift.testing import resumed_round_three, synthetic_federation, tiny_federation
+from helpers import reference_batches
 
 DT = torch.float64
 
@@ -69,25 +70,25 @@ def test_fednova_arithmetic_by_hand():
 # ------------------------------------------------------------------ loops from the papers' equations
 
 
-def _fed(monkeypatch, scoring, **engine):
+def _setup(monkeypatch, method, scoring, **engine):
+    """Five float64 clients of 12-14 samples, three sampled a round, ``method`` set up; and for the loop: a
+    copy of the starting model, its parameter names, the global parameters x and the clients' data streams."""
     from fedshift.engine import federation
 
     monkeypatch.setattr(federation, "normalize", _norm64)
     fed = synthetic_federation(5, per_client=12, server_model=False, local_batch=4, local_epochs=2, lr=0.1,
                                clients_per_round=3, scoring=scoring, **engine)
-    return fed
+    fed.setup(method)
+    for cl in fed.clients:
+        cl.model.double()
+    model = copy.deepcopy(fed.clients[0].model)
+    x = {n: p.detach().clone() for n, p in model.named_parameters()}
+    gens = {cl.name: torch.Generator().set_state(cl.generator.get_state()) for cl in fed.clients}
+    return fed, model, list(x), x, gens
 
 
 def _batches(c, gen, batch, epochs):
-    """The client's minibatches as fedshift draws them (its own generator; a one-sample remainder dropped)."""
-    x, y = c.data.get("private")
-    for _ in range(epochs):
-        order = torch.randperm(len(y), generator=gen)
-        for s in range(0, len(y), batch):
-            idx = order[s:s + batch]
-            if len(idx) < 2:
-                continue
-            yield _norm64(x[idx]), y[idx]
+    return reference_batches(c.data.get("private"), gen, batch, epochs, _norm64)
 
 
 def _grad(model, params, xb, yb, wd):
@@ -100,17 +101,11 @@ def _grad(model, params, xb, yb, wd):
 
 @pytest.mark.parametrize("eval_models", ["global", "local"])
 def test_scaffold_two_rounds_in_float64_equal_algorithm_1(monkeypatch, eval_models):
-    fed = _fed(monkeypatch, {"eval_models": eval_models, "weighting": "uniform"}, momentum=0.0, weight_decay=1e-3)
     m = create_method("scaffold", {"server_lr": 0.7})
-    fed.setup(m)
-    for c in fed.clients:
-        c.model.double()
-    model = copy.deepcopy(fed.clients[0].model)
-    names = [n for n, _ in model.named_parameters()]
-    x = {n: p.detach().clone() for n, p in model.named_parameters()}
+    fed, model, names, x, gens = _setup(monkeypatch, m, {"eval_models": eval_models, "weighting": "uniform"},
+                                        momentum=0.0, weight_decay=1e-3)
     c = {n: torch.zeros_like(v) for n, v in x.items()}
     c_i = {cl.name: {n: torch.zeros_like(v) for n, v in x.items()} for cl in fed.clients}
-    gens = {cl.name: torch.Generator().set_state(cl.generator.get_state()) for cl in fed.clients}
     lr, N = 0.1, len(fed.clients)
     for r in (1, 2):
         fed.run_round(r)
@@ -144,15 +139,8 @@ def test_scaffold_two_rounds_in_float64_equal_algorithm_1(monkeypatch, eval_mode
 
 @pytest.mark.parametrize("momentum", [0.0, 0.9])
 def test_fednova_two_rounds_in_float64_equal_the_normalised_averaging(monkeypatch, momentum):
-    fed = _fed(monkeypatch, {"weighting": "samples"}, momentum=momentum, weight_decay=1e-3)
-    m = create_method("fednova")
-    fed.setup(m)
-    for cl in fed.clients:
-        cl.model.double()
-    model = copy.deepcopy(fed.clients[0].model)
-    names = [n for n, _ in model.named_parameters()]
-    x = {n: p.detach().clone() for n, p in model.named_parameters()}
-    gens = {cl.name: torch.Generator().set_state(cl.generator.get_state()) for cl in fed.clients}
+    fed, model, names, x, gens = _setup(monkeypatch, create_method("fednova"), {"weighting": "samples"},
+                                        momentum=momentum, weight_decay=1e-3)
     lr, taus = 0.1, set()
     for r in (1, 2):
         fed.run_round(r)

@@ -54,7 +54,7 @@ import yaml
 from .engine.selection import global_metric, global_validation, score, should_stop  # noqa: F401
 from .errors import ConfigError
 
-# Validation metrics an evaluation writes (methods.pooled_metrics.validation_acc): the pooled ACC of
+# Validation metrics an evaluation writes (engine.selection.validation_acc): the pooled ACC of
 # FedH2L, and FCCL+ Eq. 21-22 on validation data (own domain, other domains, their mean).
 VAL_METRICS = ("avg/val/mean/top1", "avg/val/inter/top1", "avg/val/intra/top1", "avg/val/acc",
                "global/val/top1")  # the last: the global model on all clients' validation data pooled (FedMMD/FedFusion)

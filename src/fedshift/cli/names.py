@@ -74,7 +74,8 @@ def _first_line(obj) -> str:
 
 
 def _describe(kind: str, obj) -> str:
-    """``list --long``: for a method what it needs (public set, BASE checkpoints, one architecture)
+    """``list --long``: for a method what it needs (its requirements: public set, BASE checkpoints, an
+    optimiser; one architecture)
     with its default params, then the first paragraph of its docstring."""
     if kind != "methods":
         return _first_line(obj)
@@ -83,10 +84,15 @@ def _describe(kind: str, obj) -> str:
         from ..methods import resolve_method_params
 
         method = obj(resolve_method_params(obj.name if isinstance(getattr(obj, "name", None), str) else "", {}))
-        if method.uses_public:
+        req = method.requirements()  # what `fedshift validate` checks before any job
+        if req.public:
             needs.append("public set")
-        if obj.needs_base(method.p):
+        if req.base:
             needs.append("BASE checkpoints (pretrain)")
+        if req.optimizer is not None:
+            needs.append(f"engine.optimizer: {req.optimizer}")
+        if req.momentum is not None:
+            needs.append(f"engine.momentum: {req.momentum:g}")
     except Exception:  # noqa: BLE001 - a plugin whose defaults do not resolve alone: say so, list the rest
         needs.append("? (defaults do not resolve alone)")
     if obj.requires_homogeneous:
