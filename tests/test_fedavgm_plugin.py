@@ -46,7 +46,7 @@ def test_doc_plugins_run_resume_bit_identically_and_report_under_one_protocol(tm
     _dist(site, "fedavgm", "fedshift.methods", {"fedavgm": "fedavgm:FedAvgM"}, {"fedavgm": fedavgm_code})
     _dist(site, "scaffold-plugin", "fedshift.methods", {"scaffold_plugin": "scaffold_plugin:Scaffold"},
           {"scaffold_plugin": scaffold_code})
-    env = _env(PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]), FEDSHIFT_TRACKING="none")
+    env = _env(PYTHONPATH=str(site), FEDSHIFT_TRACKING="none")
 
     grid = tiny_grid(methods=["fedavg", "fedavgm", "scaffold_sgd"], report={"title": "doc plugins"})
     grid["variants"] = {"scaffold_sgd": SCAFFOLD_SGD}  # SCAFFOLD declares plain SGD (validate refuses Adam)

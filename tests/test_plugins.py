@@ -73,6 +73,8 @@ def test_registry_checks_what_a_plugin_gives(tmp_path, monkeypatch):
 
 
 def _env(**extra):
+    if extra.get("PYTHONPATH") and os.environ.get("PYTHONPATH"):  # the plugins first, then the fedshift under test
+        extra["PYTHONPATH"] = os.pathsep.join([extra["PYTHONPATH"], os.environ["PYTHONPATH"]])
     env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", MLFLOW_DISABLE_TELEMETRY="true", **extra)
     env.pop("FEDSHIFT_TRACKING", None)
     env.pop("MLFLOW_TRACKING_URI", None)

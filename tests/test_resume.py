@@ -240,3 +240,19 @@ def test_sampled_server_model_run_resumes_bit_identically(tiny_data, tmp_path, m
     _interrupt_and_resume(monkeypatch, cfg, FedMMD, out)
     a, timings = _same_run(ref, out, ("rounds.csv", "sampled.csv"))
     assert timings["resumed_after_rounds"] == [2] and "rounds_to/0.99" in a["headline"]
+
+
+def test_the_pending_delivery_is_saved_once_per_distinct_state_and_tensor(tmp_path):
+    """scoring.eval_models: local keeps the server's delivery in the checkpoint: one state for every
+    participant is saved once, and per-participant states sharing the server's tensors share them on disk
+    and after loading (FDSE's shared + personalised packages)."""
+    shared = {"w": torch.arange(4096, dtype=torch.float32)}
+    pending = {"a": shared, "b": shared, "c": {"w": shared["w"], "p": torch.zeros(3)}}
+    state = checkpoint.pending_state(pending)
+    assert len(state["states"]) == 2 and state["of"] == {"a": 0, "b": 0, "c": 1}
+    torch.save(state, tmp_path / "pending.pt")
+    assert (tmp_path / "pending.pt").stat().st_size < 1.5 * 4096 * 4  # one copy of the shared tensor
+    back = checkpoint.restore_pending(torch.load(tmp_path / "pending.pt", weights_only=True), torch.device("cpu"))
+    assert back["a"] is back["b"] and back["c"]["w"].data_ptr() == back["a"]["w"].data_ptr()
+    assert torch.equal(back["c"]["w"], shared["w"]) and torch.equal(back["c"]["p"], torch.zeros(3))
+    assert checkpoint.pending_state(None) == {} and checkpoint.restore_pending({}, torch.device("cpu")) is None

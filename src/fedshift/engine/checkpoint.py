@@ -312,16 +312,24 @@ def federation_state(fed, method) -> Dict[str, Any]:
 
 def pending_state(pending: Optional[Mapping[str, Mapping[str, torch.Tensor]]]) -> Dict[str, Any]:
     """The server's delivery waiting for the next round (``scoring.eval_models: local``), each distinct state
-    saved once (a delivery of one state to every participant is one state, not K)."""
+    and each distinct tensor saved once (a delivery of one state to every participant is one state, not K;
+    FDSE's per-participant states share the server's tensors)."""
     if not pending:
         return {}
     states: list = []
     index: Dict[int, int] = {}
     of: Dict[str, int] = {}
+    memo: Dict[int, torch.Tensor] = {}
+
+    def cpu(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in memo:
+            memo[id(t)] = t.detach().to("cpu", copy=True)
+        return memo[id(t)]
+
     for name, st in pending.items():
         if id(st) not in index:
             index[id(st)] = len(states)
-            states.append(to_cpu(dict(st)))
+            states.append({k: cpu(v) for k, v in st.items()})
         of[name] = index[id(st)]
     return {"states": states, "of": of}
 
@@ -330,7 +338,14 @@ def restore_pending(state: Mapping[str, Any], device) -> Optional[Dict[str, Dict
     """Inverse of :func:`pending_state` (states moved to ``device``, shared ones shared again)."""
     if not state:
         return None
-    states = [{k: v.to(device) for k, v in st.items()} for st in state["states"]]
+    memo: Dict[int, torch.Tensor] = {}
+
+    def moved(t: torch.Tensor) -> torch.Tensor:
+        if id(t) not in memo:
+            memo[id(t)] = t.to(device)
+        return memo[id(t)]
+
+    states = [{k: moved(v) for k, v in st.items()} for st in state["states"]]
     return {name: states[int(i)] for name, i in state["of"].items()}
 
 

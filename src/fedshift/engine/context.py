@@ -26,7 +26,7 @@ The round (:meth:`RoundContext._run_round`, called by :meth:`Federation.run_roun
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple
 
 import torch
 
@@ -34,9 +34,6 @@ from .averaging import weighted_average
 from .participants import LossFn, Participant, frozen_copy, steps_per_epoch
 from .fused import Objective, fused_train, use_fused
 from .sampling import round_clients, unique_models
-
-if TYPE_CHECKING:
-    from .federation import Federation
 
 State = Dict[str, torch.Tensor]
 
@@ -109,7 +106,7 @@ FIELDS: Dict[str, Tuple[str, str]] = {
 class RoundContext:
     """What a method sees of the engine during a job; every name is in :data:`FIELDS` (docs/extending.md)."""
 
-    def __init__(self, fed: "Federation", method: Any = None):
+    def __init__(self, fed: Any, method: Any = None):  # fed: the engine.federation.Federation that made it
         self._fed = fed
         self.attach(method)
         self._begin(fed.round, draw=False)
