@@ -46,10 +46,10 @@ def test_state_round_trip_and_resume(tmp_path):
     root = build_tiny_data(tmp_path / "build")
 
     def fresh():
-        fed = tiny_federation(root, ("lenet", "lenet"), public_aug="none", rounds=3)
+        federation = tiny_federation(root, ("lenet", "lenet"), public_aug="none", rounds=3)
         m = FedProxAdaptive(FedProxAdaptiveParams(mu=0.5, step=0.2, patience=1))
-        fed.setup(m)  # the method's setup(ctx) with the federation's round context
-        return fed, m
+        federation.setup(m)  # the method's setup(ctx) with the federation's round context
+        return federation, m
 
     (_, m), (_, restored) = resumed_round_three(fresh, tmp_path / "checkpoint.pt")
     assert restored.state_dict() == m.state_dict()
