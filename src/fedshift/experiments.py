@@ -45,6 +45,60 @@ def check_name(name: Any, where: str) -> None:
 
 
 SEEDED_PARTITIONS = "partitions_seeded"  # build/<this>/<scenario>/seed<k>: engine.data_seed: run (not DVC's)
+SEEDED_PUBLIC = "public_seeded"  # build/<this>/<public>/seed<k>: the public subset of run seed k (data_seed: run)
+PROTOCOL_PARTITIONS = "partitions_{protocol}"  # build/<this>/<scenario>/seed<k>: a grid's test_protocol other
+# than the data file's (issue 47), drawn by a Snakemake rule like the seeded ones
+
+
+@dataclass(frozen=True)
+class DataDraw:
+    """The data one run reads (issue 47): its partition and public folders, its test protocol and what
+    its seed redrew (empty under ``engine.data_seed: fixed``)."""
+
+    partition: str
+    public: Optional[str]
+    test_protocol: str
+    redrawn: Tuple[str, ...]
+
+
+def data_draw(build: str, scenario: str, entry: Optional[Mapping[str, Any]], protocol: Optional[str], public: str,
+              seed: int, data_seed: str, uses_public: bool) -> DataDraw:
+    """Where run ``seed`` of ``scenario`` reads its data. ``entry``: the scenario's entry of the data
+    file; ``protocol``: the grid's ``test_protocol`` (None: the data file's).
+
+    * the data file's protocol, ``data_seed: fixed``: ``build/partitions/<scenario>`` (DVC);
+    * the data file's protocol, ``data_seed: run``: ``build/partitions_seeded/<scenario>/seed<k>``;
+    * another protocol: ``build/partitions_<protocol>/<scenario>/seed<k>``, ``k`` the run seed
+      (``run``) or the data file's seed (``fixed``);
+    * the public set: ``build/public/<name>``, or under ``run`` ``build/public_seeded/<name>/seed<k>``:
+      the authors' code redraws its public subset with every seed (fccl+/utils/training.py:85,
+      fccl+/datasets/utils/public_dataset.py:70-79 after fccl+/main.py:58-59; fccl/Idea/Ours/FCCL.py:70, 119).
+    """
+    from .data import SCENARIOS
+    from .data.build import protocol_of, public_seed_override, seed_override, split_holdout_key, with_protocol
+
+    spec = SCENARIOS.get(scenario)
+    data_over = split_holdout_key(entry)[1]
+    where = f"scenarios.{scenario}"
+    base = resolve(spec.params, dict(data_over), where) if spec.params else None
+    file_protocol = protocol_of(base)
+    protocol = protocol or file_protocol
+    params = resolve(spec.params, with_protocol(scenario, data_over, protocol), where) if spec.params else None
+    if spec.builds_authors() and protocol != file_protocol:
+        k = seed_override(scenario, seed if data_seed == "run" else getattr(base, "seed", 0))
+        part = f"{build}/{PROTOCOL_PARTITIONS.format(protocol=protocol)}/{scenario}/seed{k}"
+    elif data_seed == "run":
+        part = f"{build}/{SEEDED_PARTITIONS}/{scenario}/seed{seed_override(scenario, seed)}"
+    else:
+        part = f"{build}/partitions/{scenario}"
+    pub = None
+    if public != "none" and uses_public:
+        pub = (f"{build}/{SEEDED_PUBLIC}/{public}/seed{public_seed_override(public, seed)}" if data_seed == "run"
+               else f"{build}/public/{public}")
+    redrawn = ()
+    if data_seed == "run":
+        redrawn = spec.seeded_splits(params) + (("public set",) if pub else ())
+    return DataDraw(part, pub, protocol, tuple(redrawn))
 
 
 def deep_merge(base: Mapping, over: Mapping) -> dict:
@@ -210,6 +264,22 @@ class Plan:
     pretrain: Dict[PretrainJob, dict] = field(default_factory=dict)
     report: dict = field(default_factory=dict)
     partitions: Dict[Tuple[str, int], str] = field(default_factory=dict)  # (scenario, seed) -> folder it reads
+    build: str = "build"
+    # scenario -> (its data-file entry, the grid's test_protocol or None): data_draw's inputs
+    data: Dict[str, Tuple[dict, Optional[str]]] = field(default_factory=dict)
+
+    def draw(self, scenario: str, public: str, seed: int, data_seed: str, uses_public: bool = True) -> DataDraw:
+        """:func:`data_draw` of ``scenario`` as this grid reads it (tuning seeds: fedshift.tune)."""
+        entry, protocol = self.data[scenario]
+        return data_draw(self.build, scenario, entry, protocol, public, seed, data_seed, uses_public)
+
+    def draw_params(self, scenario: str, seed: int, data_seed: str) -> dict:
+        """The scenario's overrides (``holdout`` included) that :meth:`draw`'s partition is drawn with."""
+        from .data.build import with_protocol
+
+        entry, _ = self.data[scenario]
+        over = {**dict(entry or {}), **({"seed": seed} if data_seed == "run" else {})}
+        return with_protocol(scenario, over, self.draw(scenario, "none", seed, data_seed).test_protocol)
 
     def needed_pretrain(self) -> Dict[PretrainJob, dict]:
         """The pretrain jobs the workflow runs: every participant x architecture of the grid's
@@ -331,7 +401,7 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
         METHODS.get(v["method"], key=f"variants.{vname}.method")
     for mname in exp.get("methods") or {}:
         METHODS.get(mname, key="methods")
-    plan = Plan(report=exp.get("report") or {})
+    plan = Plan(report=exp.get("report") or {}, build=build)
     for b, block in enumerate(exp["grid"]):
         where = f"grid[{b}]"
         for s in block["scenarios"]:
@@ -359,6 +429,10 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
             spec = SCENARIOS.get(s)
             from .data.build import split_holdout_key  # `holdout` is the partition stage's key (issue 36)
 
+            so = (exp.get("scenario_overrides") or {}).get(s, {})
+            # the grid's test protocol (issue 47): scenario_overrides.<s>.test_protocol, else the grid's, else
+            # the data file's (absent: clean)
+            plan.data[s] = (dict(enabled_scen.get(s) or {}), so.get("test_protocol", exp.get("test_protocol")))
             scen_params = (resolve(spec.params, split_holdout_key(enabled_scen.get(s))[1], f"scenarios.{s}")
                            if spec.params else None)
             participants = list(spec.participants_for(scen_params))
@@ -379,7 +453,6 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
             if cls.requires_homogeneous and len(set(archs)) > 1:
                 raise ConfigError(f"{where}: method {m!r} averages parameters and needs a homogeneous structure, "
                                   f"but {st!r} assigns {archs}; use a homo_<model> structure")
-            so = (exp.get("scenario_overrides") or {}).get(s, {})
             overrides = _merge((exp.get("methods") or {}).get(base_method), (so.get("methods") or {}).get(base_method),
                                variant.get("params"))
             if server_family(cls):  # the scenario's protocol reaches the family, not only the rows it names
@@ -410,15 +483,12 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                         check_cuda(dev)
                     except ValueError as exc:
                         raise ConfigError(f"{what}.{exc}") from None
-            # engine.data_seed: run redraws the partition with the run seed (a Snakemake rule builds it from the
-            # datasets `dvc repro` fetched); fixed reads the one `dvc repro` built. One scenario and seed read one
-            # partition: the pretrain runs (BASE) are shared by every method of the grid.
-            part_dir = f"{build}/partitions/{s}"
-            if eng.data_seed == "run":
-                from .data.build import seed_override
-
-                seed_override(s, seed)  # a scenario without a seed parameter: one line, here
-                part_dir = f"{build}/{SEEDED_PARTITIONS}/{s}/seed{seed}"
+            # engine.data_seed: run redraws the partition (and the public subset) with the run seed, a test
+            # protocol other than the data file's draws its own partition (Snakemake rules build both from the
+            # datasets `dvc repro` fetched); otherwise the run reads what `dvc repro` built. One scenario and seed
+            # read one partition: the pretrain runs (BASE) are shared by every method of the grid.
+            draw = plan.draw(s, pub, seed, eng.data_seed, uses_public)
+            part_dir = draw.partition
             other = plan.partitions.setdefault((s, seed), part_dir)
             if other != part_dir:
                 raise ConfigError(f"engine ({m} on {s}).data_seed: {eng.data_seed!r} makes seed {seed} read {part_dir}, "
@@ -443,16 +513,19 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                                       f"({eng.norm!r}) differs from pretrain.norm ({pre.norm!r}); make them equal")
                 pretrained = [f"{results}/pretrain/{PretrainJob(s, p, a, seed).path}/model.pt"
                               for p, a in zip(participants, archs)]
-            plan.federate[job] = {
+            cfg = {
                 "kind": "federate", "run_name": f"federate/{job.path}", "scenario": s, "public": pub,
                 "method": m, "base_method": base_method, "structure": st, "seed": seed,
                 "participants": participants, "archs": list(archs),
                 "method_params": to_dict(mparams), "engine": to_dict(eng),
-                "paths": {"partition": part_dir,
-                          "public": f"{build}/public/{pub}" if pub != "none" and uses_public else None,
-                          "pretrained": pretrained},
-                "wildcards": job.wildcards,
             }
+            if draw.test_protocol != "clean":  # absent = clean (the shared contract of issue 47)
+                cfg["test_protocol"] = draw.test_protocol
+            if draw.redrawn:  # what this seed drew anew: the report's "what the intervals cover"
+                cfg["data_draw"] = {"redrawn": list(draw.redrawn)}
+            cfg["paths"] = {"partition": part_dir, "public": draw.public, "pretrained": pretrained}
+            cfg["wildcards"] = job.wildcards
+            plan.federate[job] = cfg
     ran = {j.method for j in plan.federate} | {"base_pretrain"}  # base_pretrain: the collect rule's SOLO/BASE row
     for i, spec in enumerate((exp.get("report") or {}).get("tables") or []):
         unknown = [m for m in (spec or {}).get("methods", []) if m not in ran]

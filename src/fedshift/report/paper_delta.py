@@ -65,7 +65,7 @@ from .frames import published_method_names, rename_published
 from .ours import aggregate, ours_long, value_source
 from .published import PublishedSpec, all_published, claims_path, load_published, published_inconsistencies, schedules
 from .stats import DEFAULT_MARGIN, MIN_N
-from .verdicts import compare, schedule_differs, summarize
+from .verdicts import compare, protocol_differs, run_protocols, schedule_differs, summarize, table_protocol
 
 
 def report_margin(report_cfg: Mapping) -> Optional[float]:
@@ -122,12 +122,17 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
         cells["margin"] = margin
         for (scen, our, pubset, struct), g in cells.groupby(["scenario", "our_scenario", "public", "structure"], sort=False):
             paper = g["table"].iloc[0].split(" ")[0]
-            differs = schedule_differs(runs, spec.name, paper, our, pubset, struct, schedule_table)
-            if differs and not g["proxy"].any():  # the paper's data on another schedule: numbers, no verdicts
+            # another test set (issue 47) or another schedule: numbers, no verdicts
+            differs = (protocol_differs(runs, spec.name, paper, our, pubset, struct, schedule_table)
+                       or schedule_differs(runs, spec.name, paper, our, pubset, struct, schedule_table))
+            if differs and not g["proxy"].any():
                 idx = g.index[g["published"].notna()]
                 cells.loc[idx, "verdict"] = f"no verdict ({differs})"
                 g = cells.loc[g.index]
-            label = f"{g['table'].iloc[0]}: {scen}" + (f" — PROXY: ours on {our}" if our != scen else "") + f" / {pubset} / {struct}"
+            grp = runs[(runs["scenario"] == our) & (runs["public"] == pubset) & (runs["structure"] == struct)]
+            label = (f"{g['table'].iloc[0]}: {scen}" + (f" — PROXY: ours on {our}" if our != scen else "")
+                     + f" / {pubset} / {struct} — test protocol: ours {' / '.join(run_protocols(grp))}, the "
+                     f"paper's {table_protocol(schedule_table, spec.name, paper)}")
             note = schedule_note(runs, spec.name, paper, our, pubset, struct, schedule_table)
             md.append(cells_markdown(g, label, margin, note, why, differs))
         all_cells.append(cells)

@@ -144,6 +144,24 @@ def _slug(*parts: str) -> str:
     return "__".join(str(p) for p in parts)
 
 
+def protocol_note(runs: pd.DataFrame) -> str:
+    """The test protocol of one table's runs (issue 47: runs.csv's ``test_protocol``, absent = clean),
+    said with what it is for the scenario (its registry entry's ``authors_test``)."""
+    from ..data import SCENARIOS
+    from .verdicts import run_protocols
+
+    scen = str(runs["scenario"].iloc[0]) if len(runs) else ""
+    said = []
+    for p in run_protocols(runs):
+        if p == "authors":
+            text = SCENARIOS.get(scen).authors_test if scen in SCENARIOS else ""
+            said.append(f"**authors** (the authors' code's test set{': ' + text if text else ''})")
+        else:
+            said.append("**clean** (held-out test images, none of them in a training split: audited by source row "
+                        "and pixel hash)")
+    return "Test protocol: " + "; ".join(said) + "."
+
+
 def mixed_protocols(runs: pd.DataFrame) -> List[str]:
     """A warning line when the server-averaging rows of one table were scored under different
     ``eval_models`` / ``weighting`` (e.g. a plugin under McMahan's protocol beside FedAvg under the FCCL+
@@ -197,6 +215,7 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
                     md += mixed_protocols(sub)
             md.append(selection_note(sub[sub["method"] != "base_pretrain"], last_k)
                       + tuned_budget(report_cfg, sub) + "\n")  # issue 36: which selection, which rows tuned
+            md.append(protocol_note(sub) + "\n")  # issue 47: which test set the table's numbers are on
             curves_figure(sub, tmp / f"curves__{slug}.png", f"{scen} / public {pub} / {struct}")
             md.append(f"![curves](curves__{slug}.png)\n")
         named = {}  # (table name, scenario, public, structure) -> (table, std): ablation bar charts
@@ -219,6 +238,8 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
                     md.append(to_markdown(t, f"{spec.get('title', spec['name'])} ({kind}, {metric}): "
                                              f"{scen} / {pub} / {struct}", ci_table(sd, t["seeds"]),
                                           participant_archs(sub[sub["method"] != "base_pretrain"])))
+                    if kind == "intra":
+                        md.append(protocol_note(sub) + "\n")
                 pd.concat(both, axis=1).to_csv(tmp / f"{spec['name']}__{_slug(scen, pub, struct)}.csv")
                 named[(spec["name"], scen, pub, struct)] = (pd.concat(both, axis=1), pd.concat(stds, axis=1))
         md += tuned_section(report_cfg, tmp)  # issue 36: the values chosen on validation, every candidate's score

@@ -139,3 +139,36 @@ def schedule_differs(runs: pd.DataFrame, source: str, paper: str, our_scenario: 
         if int(ours) != want:
             return f"ours ran {int(ours):,} of the paper's {want:,} rounds ({method})"
     return ""
+
+
+def table_protocol(schedules: Mapping, source: str, paper: str) -> str:
+    """The test protocol a published table was scored under (params/papers/schedules.yaml ``test_protocol``:
+    the table's entry, else its paper's default's; absent = clean; issue 47)."""
+    own = schedules.get(source) or {}
+    if "test_protocol" in own:
+        return str(own["test_protocol"])
+    return str((schedules.get(f"default_{paper}") or {}).get("test_protocol", "clean"))
+
+
+def run_protocols(runs: pd.DataFrame) -> list:
+    """The test protocols of ``runs`` (runs.csv's ``test_protocol``; absent = clean)."""
+    if "test_protocol" not in runs.columns:
+        return ["clean"]
+    return sorted(set(runs["test_protocol"].fillna("clean").astype(str))) or ["clean"]
+
+
+def protocol_differs(runs: pd.DataFrame, source: str, paper: str, our_scenario: str, public: str, structure: str,
+                     schedules: Mapping) -> str:
+    """'' when our runs of the group were scored on the table's test set, else the one-line refusal
+    ("not comparable: test protocol clean vs authors"). A scenario that builds no partition of its own
+    under ``authors`` (its authors' code tests on the clean split, or no authors' code is known) tests
+    on the same images under both names."""
+    from ..data import SCENARIOS
+
+    if our_scenario not in SCENARIOS or not SCENARIOS.get(our_scenario).builds_authors():
+        return ""
+    g = runs[(runs["scenario"] == our_scenario) & (runs["public"] == public) & (runs["structure"] == structure)]
+    ours, theirs = run_protocols(g), table_protocol(schedules, source, paper)
+    if ours != [theirs]:
+        return f"not comparable: test protocol {' / '.join(ours)} vs {theirs}"
+    return ""
