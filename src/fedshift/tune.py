@@ -246,6 +246,7 @@ def plan_tune(grid: Mapping, plan, results: str = "results") -> TunePlan:
                     if eng.get("data_seed") == "run":  # the tuning seed's own draw of the partition and public set
                         draw = plan.draw(job.scenario, job.public, seed, "run", bool(c["paths"]["public"]))
                         c["paths"].update(partition=draw.partition, public=draw.public)
+                        c["data_draw"] = {"redrawn": list(draw.redrawn)}
                     if c["paths"].get("pretrained"):  # BASE checkpoints of the tuning seed
                         paths = []
                         for part, arch in zip(c["participants"], c["archs"]):
