@@ -112,6 +112,30 @@ def test_cvpr_draw_is_the_first_k_of_a_random_70_percent(office, tmp_path):
         assert y[pi].max() < y.max()  # the folder's last class is beyond the prefix
 
 
+def test_digits_offline_authors_is_the_office_protocol_on_each_domains_drawn_images(tiny_data, tmp_path):
+    """The offline twins' stand-in: under authors a domain's folder is its drawn images (clean private + test),
+    sorted by class; test = all of them, private = random positions of the class-sorted first 80 %."""
+    build.fetch_dataset("uci_digits", tmp_path / "uci_digits", FetchContext())
+    dirs = {"mnist5k": tiny_data / "datasets/mnist5k", "uci_digits": tmp_path / "uci_digits",
+            "photo_patches": tiny_data / "datasets/photo_patches"}
+    sizes = {"private": [20, 20, 40, 30], "test": [30, 30, 30, 30]}
+    build.partition("digits_offline", dirs, tmp_path / "clean", sizes)
+    build.partition("digits_offline", dirs, tmp_path / "authors", {**sizes, "test_protocol": "authors"})
+    for k, d in enumerate(("mnist", "uci", "mnistm", "mnist_inv")):
+        cx = np.concatenate([_split(tmp_path / "clean", d, s)[0] for s in ("private", "test")])
+        ci = np.concatenate([_split(tmp_path / "clean", d, s)[2] for s in ("private", "test")])
+        px, _, pi = _split(tmp_path / "authors", d, "private")
+        tx, ty, ti = _split(tmp_path / "authors", d, "test")
+        assert sorted(ti.tolist()) == sorted(ci.tolist())  # the folder: the clean draw's images, all of them
+        assert sorted(store.image_hashes(tx).tolist()) == sorted(store.image_hashes(cx).tolist())
+        assert np.all(np.diff(ty) >= 0)  # class-sorted, as an ImageFolder lists it
+        n = len(ti)
+        n_train = sum(1 for i in range(n) if i % 10 <= 7)
+        pos = [int(np.flatnonzero(ti == i)[0]) for i in pi]  # where each private image sits in the folder
+        assert len(pi) == sizes["private"][k] and max(pos) < n_train
+        assert set(store.image_hashes(px).tolist()) <= set(store.image_hashes(tx).tolist())
+
+
 def test_data_seed_run_redraws_private_and_public_keeps_the_office_test(office, tiny_data, tmp_path):
     """Seeds 0 and 1 through the commands the Snakemake rules run (`fedshift partition --seed --test-protocol`,
     `fedshift public --seed`): other private and public subsets, the same Office test split, as the authors'

@@ -67,6 +67,9 @@ rule partition_protocol:
         "../envs/fedshift.yaml"
     params:
         data=DATA_PARAMS,
+        # the scenario's data-file entry: two grids drawing one folder from different entries (Table 3's
+        # authors_code: fccl, Table VIII's fccl_plus) rebuild it instead of reading the other's draw
+        entry=lambda wc: repr(sorted((PLAN.data.get(wc.scenario) or ({}, None))[0].items())),
     log:
         "logs/partition_{protocol}/{scenario}/seed{seed}.log",
     shell:
