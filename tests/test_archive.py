@@ -302,3 +302,24 @@ def test_generated_block_heads_are_checked(tmp_path):
     ("partly evaluable: 1 of 2", "not evaluable yet (1 of 2 comparisons have records)")])
 def test_claim_verdicts_read_as_held_not_held_or_inconclusive(verdict, word):
     assert docs.word(verdict) == word
+
+
+def test_cli_archive_refuses_a_missing_grid_and_docs_tables_check_fails_on_a_typed_number(tmp_path, monkeypatch,
+                                                                                         capsys):
+    from fedshift.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    assert main(["archive", "nope.yaml"]) == 2
+    assert capsys.readouterr().err.strip() == ("fedshift: error: fedshift archive: nope.yaml: no such grid file, "
+                                               "and not a KEY=VALUE override")
+    grid = _grid_file(tmp_path, "cligrid")
+    page = tmp_path / "page.md"
+    page.write_text(f"<!-- generated: table {grid} -->\n| fedavg | 51.00 |\n<!-- end generated -->\n")
+    assert main(["docs-tables", "--check", str(page)]) == 1
+    err = capsys.readouterr().err
+    assert f"{page}: block `table {grid}` differs from its records" in err
+    assert "1 generated block(s) differ from the records" in err
+    assert "51.00" in page.read_text()  # --check writes nothing
+    assert main(["docs-tables", str(page)]) == 0
+    assert "No committed record backs this table yet." in page.read_text()
+    assert main(["docs-tables", "--check", str(page)]) == 0

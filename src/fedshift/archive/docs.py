@@ -100,7 +100,7 @@ def lacking(recs: Sequence[GridRecords]) -> List[str]:
                 parts += [f"{m} on {', '.join(ss)} ({sd})" for sd, ss in groups.items()]
             md.append(f"No committed record yet for {len(r.missing)} of the {len(r.planned)} runs of `{r.grid}`: "
                       + "; ".join(parts) + f". They come from `snakemake --cores all --configfile {r.grid}` "
-                      f"(in pieces: docs/fedh2l.md, \"Running a grid in pieces\"), then `fedshift archive {r.grid}` "
+                      f"(in pieces: docs/fedh2l.md, \"Running the grid in pieces\"), then `fedshift archive {r.grid}` "
                       f"and a commit of `records/{r.name}/`.")
         if r.stale:
             md.append(f"Stale records of `{r.grid}`, left out: " + "; ".join(r.stale) + ".")
