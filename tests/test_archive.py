@@ -323,3 +323,65 @@ def test_cli_archive_refuses_a_missing_grid_and_docs_tables_check_fails_on_a_typ
     assert main(["docs-tables", str(page)]) == 0
     assert "No committed record backs this table yet." in page.read_text()
     assert main(["docs-tables", "--check", str(page)]) == 0
+
+
+def _pooled_run(folder: Path, cfg: dict, acc: float) -> None:
+    """A finished FedH2L-style run: pooled ACC / WDP / CDP rows and validation ACC at rounds 50 and 100."""
+    folder.mkdir(parents=True)
+    (folder / "config.yaml").write_text(dump_config(cfg))
+    (folder / "metrics.json").write_text("{}")
+    (folder / archive.RECORD).write_text("{}")
+    rows = [{"round": r, "participant": p, "arch": "lenet", "domain": "pooled", "kind": k, "top1": v, "top5": 1.0}
+            for r in (50, 100) for p in cfg["participants"]
+            for k, v in (("val_acc", 0.5), ("acc", acc), ("wdp", acc), ("cdp", acc))]
+    pd.DataFrame(rows).to_csv(folder / "rounds.csv", index=False)
+
+
+def test_table2_conclusions_render_held_or_not_evaluable_from_records(tmp_path, monkeypatch):
+    """Conclusion (3) on records of FedH2L, AGG and IND at every α (ACC 88/89/90, 80/81/82, 67/68/69 % over
+    seeds 0-2): held, with the numbers; conclusion (4) has no FedMD record: not evaluable yet."""
+    from conftest import REPO
+
+    monkeypatch.chdir(REPO)
+    grid = "params/papers/fedh2l_table2.yaml"
+    rec = docs.grid_records(grid, tmp_path)
+    from fedshift.experiments import snakemake_config
+
+    plan = load_experiments({k: v for k, v in snakemake_config([Path(grid)]).items() if k != "data_params"},
+                            "params/data.yaml")
+    base = {"fedh2l": 0.88, "agg": 0.80, "ind": 0.67}
+    for job, cfg in plan.federate.items():
+        if job.method in base:
+            _pooled_run(archive.record_path("federate", job, "fedh2l_table2", tmp_path), cfg,
+                        base[job.method] + 0.01 * job.seed)
+    text = "\n".join(docs.render_claims([docs.grid_records(grid, tmp_path)], {"ids": "fedh2l_gt_agg_ind,fedh2l_gt_fedmd"}))
+    assert len(rec.missing) == len(plan.federate)
+    half = stats.t.ppf(0.975, 2) * 1.0 / math.sqrt(3)
+    for scen in ("rotmnist_a05", "rotmnist_a10", "rotmnist_a15"):
+        assert (f"  * `{grid}`, {scen}: **held** — fedh2l 89.00 ± {half:.2f} (n=3) > agg 81.00 ± {half:.2f} (n=3): "
+                f"yes; fedh2l 89.00 ± {half:.2f} (n=3) > ind 68.00 ± {half:.2f} (n=3): yes") in text
+    assert f"  * `{grid}`: not evaluable yet: no record of the methods it compares" in text
+    assert "What the intervals cover: every seed trained and was evaluated on one data draw" in text
+
+
+def test_report_lists_records_with_their_code_and_the_stale_ones_left_out(tmp_path):
+    from fedshift.provenance import code_version
+    from fedshift.report.records import records_section
+
+    here = str(code_version()["files_sha256"])[:12]
+    runs = pd.DataFrame([
+        {"scenario": "s", "public": "p", "method": "fedavg", "structure": "homo", "seed": 0, "round": 1,
+         "record": "records/g/federate/s/p/fedavg/homo/seed0", "code": "code 0123456789ab (commit deadbeef)"},
+        {"scenario": "s", "public": "p", "method": "fedmd", "structure": "homo", "seed": 0, "round": 1,
+         "record": "", "code": f"code {here} (commit cafe0000)"}])
+    status = tmp_path / "archive.json"
+    status.write_text(json.dumps({"grid": "g", "records": [
+        {"kind": "federate", "run": "s/p/fedmd/homo/seed0", "record": "records/g/federate/s/p/fedmd/homo/seed0",
+         "state": "stale", "why": "engine.rounds 3 archived, 5 now", "unbuilt_inputs": 0}]}))
+    md = "\n".join(records_section({"archive": str(status)}, runs))
+    assert "1 of 2 federated runs were read from committed records" in md
+    assert ("| s/p/fedavg/homo/seed0 | `records/g/federate/s/p/fedavg/homo/seed0` | code 0123456789ab (commit "
+            "deadbeef) — *other code* |") in md
+    assert "**Stale records, left out** (1)" in md
+    assert "| federate/s/p/fedmd/homo/seed0 | `records/g/federate/s/p/fedmd/homo/seed0` | engine.rounds 3 archived, 5 now |" in md
+    assert records_section({}, runs.assign(record="")) == []  # no archive, no record: no section

@@ -399,7 +399,7 @@ def test_archive_then_report_from_records_without_training(ran, tmp_path):
     assert ("records/main/federate/rotmnist/photo_patches/fedmd/homo_lenet/seed0: stale "
             "(method_params.digest_epochs 1 archived, 2 now)") in dry.stderr
     assert job_counts(dry.stdout) == {"federate": 1, "collect": 1, "report": 1, "all": 1, "total": 4}, dry.stdout
-    collect_cmd = next(line for line in dry.stdout.splitlines() if line.strip().startswith("fedshift collect"))
+    collect_cmd = next(line for line in dry.stdout.splitlines() if "fedshift collect " in line)
     assert "results/federate/rotmnist/photo_patches/fedmd/homo_lenet/seed0" in collect_cmd
     assert "records/main/federate/rotmnist/photo_patches/fedmd/" not in collect_cmd
     assert "records/main/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed0" in collect_cmd

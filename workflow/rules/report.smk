@@ -65,4 +65,4 @@ rule report:
     log:
         f"logs/report-{REPORT_NAME or 'main'}.log",
     shell:
-        "fedshift report {input.runs} {output} --config {input.config} > {log} 2>&1"
+        "fedshift report {input.runs} {output} --config {input.config} --archive {input.archive} > {log} 2>&1"

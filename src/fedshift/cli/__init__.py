@@ -121,6 +121,9 @@ def main(argv: List[str] | None = None) -> int:
     p.add_argument("runs_csv", help="tidy CSV written by `fedshift collect`")
     p.add_argument("out", help="report folder to publish (report.md, tables, figures)")
     p.add_argument("--config", default=None, help="report section of the experiment config (YAML)")
+    p.add_argument("--archive", default=None,
+                   help="the workflow's archive status (JSON): committed records read or left out as stale, listed "
+                        "with their code version in the report")
     p.add_argument("--no-tracking", action="store_true")
     p.set_defaults(fn=("reporting", "cmd_report"))
 

@@ -22,6 +22,8 @@ def cmd_report(args) -> None:
     from ..report.report import make_report
 
     report_cfg = safe_load_yaml(Path(args.config).read_text(), str(args.config)) if args.config else {}
+    if args.archive:  # issue 52: the records the workflow read or left out (fedshift.report.records)
+        report_cfg = {**(report_cfg or {}), "archive": args.archive}
     make_report(Path(args.runs_csv), Path(args.out), report_cfg or {}, tracking=not args.no_tracking)
 
 

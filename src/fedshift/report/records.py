@@ -3,7 +3,8 @@ records (``records/<grid>/``, :mod:`fedshift.archive`) and with which code, whic
 under ``results/``, and which records were left out as stale, with the keys that differ.
 
 Inputs: ``runs.csv``'s ``record`` and ``code`` columns (``fedshift collect``) and the archive status the
-workflow wrote when it planned (``report.archive``: a JSON file, ``fedshift.archive.GridStatus.as_json``).
+workflow wrote when it planned (``fedshift report --archive``, a JSON file of
+``fedshift.archive.GridStatus.as_json``, reaching here as ``report_cfg["archive"]``).
 """
 
 from __future__ import annotations
