@@ -112,7 +112,8 @@ def main(argv: List[str] | None = None) -> int:
 
     p = sub.add_parser("collect", help="gather run folders into one tidy CSV")
     p.add_argument("out", help="tidy CSV to write")
-    p.add_argument("runs", nargs="+", help="finished federated run folders (each holds rounds.csv)")
+    p.add_argument("runs", nargs="+", help="finished federated run folders or their committed records "
+                                           "(records/...; each holds rounds.csv or rounds.csv.gz)")
     p.add_argument("--pretrain", nargs="*", default=None,
                    help="pretrain run folders: their final epoch becomes the base_pretrain (SOLO/BASE) row")
     p.set_defaults(fn=("reporting", "cmd_collect"))
