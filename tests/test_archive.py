@@ -385,3 +385,29 @@ def test_report_lists_records_with_their_code_and_the_stale_ones_left_out(tmp_pa
     assert "**Stale records, left out** (1)" in md
     assert "| federate/s/p/fedmd/homo/seed0 | `records/g/federate/s/p/fedmd/homo/seed0` | engine.rounds 3 archived, 5 now |" in md
     assert records_section({}, runs.assign(record="")) == []  # no archive, no record: no section
+
+
+def test_table2_pieces_plan_the_full_grids_own_runs(monkeypatch):
+    """docs/fedh2l.md's pieces (a seed per sitting, or one method's rows) plan exactly runs of the full Table II
+    grid with its configs, so `fedshift archive params/papers/fedh2l_table2.yaml` takes each piece's runs as
+    the full grid's and the final report reads them all."""
+    from conftest import REPO
+    from fedshift.experiments import snakemake_config
+    from fedshift.overrides import apply_overrides
+
+    monkeypatch.chdir(REPO)
+    grid = [Path("params/papers/fedh2l_table2.yaml")]
+
+    def plan(overrides=()):
+        exp = apply_overrides(snakemake_config(grid), list(overrides))
+        return load_experiments({k: v for k, v in exp.items() if k != "data_params"}, "params/data.yaml").federate
+
+    full = plan()
+    assert len(full) == 57  # 3 alphas x (FedH2L, AGG, IND, FedMD, FedAvg, FedProx) x 3 seeds + async x 3 seeds
+    seed1 = plan(["grid.0.seeds=[1]", "grid.1.seeds=[1]", "grid.2.seeds=[1]"])
+    fedmd = plan(["grid=[{name: fedmd, scenarios: [rotmnist_a05, rotmnist_a10, rotmnist_a15], methods: [fedmd], "
+                  "structures: [homo_lenet], seeds: [0, 1, 2]}]"])
+    assert len(seed1) == 19 and {j.seed for j in seed1} == {1} and len(fedmd) == 9
+    for piece in (seed1, fedmd):
+        for job, cfg in piece.items():
+            assert archive.config_diff(cfg, full[job]) == [], job
