@@ -411,3 +411,20 @@ def test_table2_pieces_plan_the_full_grids_own_runs(monkeypatch):
     for piece in (seed1, fedmd):
         for job, cfg in piece.items():
             assert archive.config_diff(cfg, full[job]) == [], job
+
+
+def test_generated_table_carries_the_solo_row_from_pretrain_records(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    grid = tiny_grid(methods=["base", "fedavg"], report={"name": "solo", "title": "solo"})
+    (tmp_path / "params").mkdir()
+    (tmp_path / "params/data.yaml").write_text(yaml.safe_dump(tiny_data_params()))
+    Path("solo.yaml").write_text(yaml.safe_dump(grid))
+    plan, _ = _plan(grid)
+    assert plan.pretrain
+    for kind, jobs in (("federate", plan.federate), ("pretrain", plan.pretrain)):
+        for job, cfg in jobs.items():
+            folder = _fake_run(archive.record_path(kind, job, "solo"), cfg, intra=0.9 if kind == "pretrain" else 0.5)
+            (folder / archive.RECORD).write_text("{}")
+    text = "\n".join(docs.render_table([docs.grid_records("solo.yaml")], {}))
+    assert "| rotmnist | fedavg | 30.00 | 50.00 | 1 | unrecorded code |" in text
+    assert "| rotmnist | base_pretrain | – | 90.00 | 1 | unrecorded code |" in text  # SOLO: own domain only here

@@ -70,6 +70,13 @@ def grid_records(grid: str, root: Path = RECORDS) -> GridRecords:
     status = grid_status(plan, tune, root)
     current = status.current("federate")
     frames = [load_run(s.path) for s in current.values()]
+    pretrain = [s.path for s in status.current("pretrain").values()]
+    if frames and pretrain:  # the papers' SOLO/BASE row (base_pretrain), as collect adds it
+        from . import read_config
+        from ..report.collect import pretrain_rows
+
+        frames.append(pretrain_rows([(read_config(s.path), int(f["round"].max())) for s, f in zip(current.values(), frames)],
+                                    pretrain))
     runs = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     planned = [(j.scenario, j.method, j.structure, j.seed) for j in plan.federate]
     missing = [(j.scenario, j.method, j.structure, j.seed) for j in plan.federate if j not in current]
