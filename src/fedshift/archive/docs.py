@@ -233,6 +233,7 @@ def render_claims(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[
 
     ids = [i for i in opts.get("ids", "").split(",") if i]
     claims = [c for c in load_claims() if not ids or c["id"] in ids]
+    claims.sort(key=lambda c: ids.index(c["id"]) if c["id"] in ids else 0)  # the block's order: (2), (3), (4)
     unknown = sorted(set(ids) - {c["id"] for c in claims})
     if unknown:
         raise ConfigError(f"generated claims block: unknown claim id(s) {unknown}; see params/papers/claims.yaml")
