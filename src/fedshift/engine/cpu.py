@@ -188,9 +188,11 @@ def cpu_kind(caps: Optional[Mapping[str, bool]] = None, aten: Optional[str] = No
 #   eval_fold_bn  engine.eval_fold_bn (BatchNorm folded into an inference copy; bench_eval.py)
 #                 amx: 1.18x (1.17-1.25), idle AMX Xeon; avx512_bf16: 0.97x / 1.09x (loaded EPYC, two sittings,
 #                 not told apart from noise; kept on, as on the AMX Xeon whose float32 kernels it shares)
-#                 avx512: see the issue-48 figure below; avx2: 1.15x (1.06-1.17), emulated (AMX Xeon with
-#                 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2)
-#   eval_channels_last  the input batch in NHWC: 0.96x (AMX Xeon), 0.90-0.94x (emulated avx2): off everywhere
+#                 avx512: 1.18x (1.11-1.22) on an Ice Lake Xeon without avx512_bf16 (2026-11-28, loaded machine,
+#                 benchmark at autogroup nice -20, benchmarks/results/eval_levers_avx512.md); avx2: 1.15x
+#                 (1.06-1.17), emulated (AMX Xeon with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2)
+#   eval_channels_last  the input batch in NHWC: 0.96x (AMX Xeon), 0.96x (0.92-1.00, the Ice Lake Xeon),
+#                 0.90-0.94x (emulated avx2): off everywhere
 #   train_bf16    engine.bf16_train, per model family (benchmarks/bench_train_steps.py; idle AVX-512 BF16 EPYC
 #                 without AMX, 2 threads, malloc_tuning 64, one step forward + backward + Adam, float32 -> bf16):
 #                 resnet       batch 256: ResNet10 2.29 -> 1.12 s, ResNet12 3.14 -> 1.59 s (2.0x)
