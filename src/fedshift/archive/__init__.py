@@ -45,7 +45,7 @@ from ..errors import ConfigError
 from ..provenance import EXECUTION_KEYS, EXECUTION_SUBKEYS, INPUTS, changes, describe_code, run_identity
 from ..provenance import read as read_inputs
 from ..provenance import stale as data_stale
-from ..report.collect import RECORD, is_record, rounds_file  # noqa: F401  (is_record: for callers)
+from ..report.collect import RECORD, rounds_file
 
 RECORDS = Path("records")
 ROUNDS_GZ = "rounds.csv.gz"
@@ -89,17 +89,6 @@ def group_of_chosen_file(path: str) -> str:
 def read_config(folder: Path) -> dict:
     path = Path(folder) / "config.yaml"
     return safe_load_yaml(path.read_text(), str(path)) or {}
-
-
-def read_record(folder: Path) -> dict:
-    """``record.json`` of a record folder ({} for a run folder)."""
-    path = Path(folder) / RECORD
-    if not path.exists():
-        return {}
-    try:
-        return json.loads(path.read_text())
-    except ValueError as exc:
-        raise ConfigError(f"{path} is not valid JSON ({exc}); archive the run again (fedshift archive)") from None
 
 
 # ----------------------------------------------------------------------------- comparing configs
