@@ -90,6 +90,32 @@ def tags(code: Mapping[str, object]) -> Dict[str, str]:
     return out
 
 
+# ------------------------------------------------------------------------- run identity
+# Keys of a resolved run config that only say how or where the job executes, not what it computes
+# (COORD contract, issue 50 owns the full version): left out of the identity, and out of the
+# archive's comparison of a record with what a grid asks now (fedshift.archive).
+EXECUTION_KEYS = ("paths",)
+EXECUTION_SUBKEYS = {"engine": ("threads", "device", "checkpoint_every", "checkpoint_min_s", "tracking"),
+                     "pretrain": ("threads", "device", "checkpoint_every", "tracking")}
+
+
+def identity_config(cfg: Mapping[str, object]) -> Dict[str, object]:
+    """``cfg`` without the ``paths`` block and the execution-only keys (:data:`EXECUTION_SUBKEYS`)."""
+    out = {k: v for k, v in dict(cfg).items() if k not in EXECUTION_KEYS and k != "tracking"}
+    for block, keys in EXECUTION_SUBKEYS.items():
+        if isinstance(out.get(block), Mapping):
+            out[block] = {k: v for k, v in dict(out[block]).items() if k not in keys}
+    return out
+
+
+def run_identity(resolved_cfg: Mapping[str, object]) -> str:
+    """12 hex digits naming what a run computes: sha256 of the canonical JSON of the resolved config
+    without its ``paths`` block and execution-only keys (threads, device, checkpoint cadence, tracking).
+    Minimal version of the COORD contract; issue 50's helper owns the real one."""
+    text = json.dumps(identity_config(resolved_cfg), sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
 # ------------------------------------------------------------------------- inputs
 def record(manifests: Mapping[str, str], paths: Mapping[str, Path], cfg_hash: str,
            files: Mapping[str, str] = ()) -> Dict[str, object]:
@@ -156,13 +182,14 @@ def read(run_dir: Path) -> Optional[Dict[str, object]]:
     return rec
 
 
-def stale(run_dir: Path, base: Optional[Path] = None) -> Optional[str]:
+def stale(run_dir: Path, base: Optional[Path] = None, unbuilt_ok: bool = False) -> Optional[str]:
     """Why ``run_dir``'s result no longer matches its inputs (one line), or None when it does.
-    A run folder without ``inputs.json`` is not judged (None)."""
+    A run folder without ``inputs.json`` is not judged (None). ``unbuilt_ok``: an input that is not
+    there at all (a fresh clone reading an archived record, :mod:`fedshift.archive`) is not checked."""
     rec = read(run_dir)
     if rec is None:
         return None
-    diff = changes(rec, base)
+    diff = [d for d in changes(rec, base) if not (unbuilt_ok and d[3] == "missing")]
     if not diff:
         return None
     name, path, old, new = diff[0]
