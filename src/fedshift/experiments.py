@@ -469,6 +469,55 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
     return plan
 
 
+def check_built_data(configs, data_params: Path | Mapping, build: str = "build") -> None:
+    """The data the jobs will read is the data their grid names (issue 51 R18): every partition, public set
+    and dataset already built under ``build`` that a job of ``configs`` (resolved federate / pretrain /
+    tuning-candidate configs) reads must have been built with the parameters ``data_params`` asks for, else
+    one :class:`ConfigError` naming the key, the built value, the asked one and how to rebuild. Data not
+    built yet passes (the workflow's dvc_repro / partition_seed jobs build it from the right file or stop).
+
+    Without it a grid whose ``data_params`` (or an edited ``params/data.yaml`` not yet rebuilt) disagreed
+    with ``build/`` trained on the built data, silently: Snakemake builds data only when a manifest is
+    missing."""
+    import json
+
+    from .data.build import built_disagreement
+
+    data = load_yaml(data_params) if not isinstance(data_params, Mapping) else dict(data_params)
+    shown = _shown(Path(data_params)) if not isinstance(data_params, Mapping) else "the data params"
+    folders: Dict[str, Optional[int]] = {}  # folder -> the run seed it was redrawn with (None: DVC's)
+    for cfg in configs:
+        paths = cfg.get("paths") or {}
+        part = paths.get("partition")
+        if part:
+            folders.setdefault(part, int(cfg["seed"]) if Path(part).parent.parent.name == SEEDED_PARTITIONS else None)
+        if paths.get("public"):
+            folders.setdefault(paths["public"], None)
+    drawn_from = set()  # the datasets the built partitions and public sets were drawn from
+    for folder in folders:
+        try:
+            man = json.loads((Path(folder) / "manifest.json").read_text())
+        except (OSError, ValueError):
+            continue
+        drawn_from |= set(man.get("datasets") or {}) | ({man["dataset"]} if isinstance(man.get("dataset"), str) else set())
+    checks = [(f"{build}/datasets/{d}", None) for d in sorted(drawn_from)]
+    checks += sorted(folders.items(), key=lambda kv: (kv[1] is not None, kv[0]))  # DVC's folders before redraws
+    for folder, seed in checks:
+        diff = built_disagreement(Path(folder), data, seed)
+        if diff is None:
+            continue
+        key, built, asked = diff
+        if seed is not None:
+            fix = f"remove {folder}: the workflow's partition_seed rule redraws it from {shown}"
+        elif shown == "params/data.yaml":
+            fix = "run `dvc repro` to rebuild it"
+        else:
+            fix = (f"copy {shown} over params/data.yaml and run `dvc repro` (DVC builds from that file only), "
+                   "or name the file it was built from")
+        raise ConfigError(f"{shown}: {key} is {asked!r}, but {folder} was built with {built!r} "
+                          f"({folder}/manifest.json): the jobs would train on data their grid does not name; {fix}")
+
+
 def dump_config(cfg: dict) -> str:
     return yaml.safe_dump(cfg, sort_keys=False, default_flow_style=None)
 

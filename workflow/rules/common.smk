@@ -66,6 +66,10 @@ try:
     from fedshift.tune import plan_tune  # issue 36: the grid's tune block (rules/tune.smk), before the configs
 
     TUNE = plan_tune(GRID, PLAN)
+    # the data already built is the data this grid names (issue 51 R18): else one line, before any job
+    from fedshift.experiments import check_built_data
+
+    check_built_data([*PLAN.federate.values(), *PLAN.pretrain.values(), *TUNE.candidates.values()], DATA_PARAMS)
 except ConfigError as exc:
     raise WorkflowError(f"fedshift: error: {exc}") from None
 

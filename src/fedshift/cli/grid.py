@@ -44,7 +44,7 @@ def _data_not_built(plan, data_params: Path) -> Optional[str]:
 
 
 def cmd_validate(args) -> None:
-    from ..experiments import load_experiments, snakemake_config
+    from ..experiments import check_built_data, load_experiments, snakemake_config
 
     exp = snakemake_config([Path(f) for f in args.experiments])
     data_params = Path(exp.pop("data_params", None) or args.data_params)
@@ -52,6 +52,7 @@ def cmd_validate(args) -> None:
     from ..tune import plan_tune  # issue 36: the tune block, checked as the workflow plans it
 
     tuned = plan_tune(exp, plan)
+    check_built_data([*plan.federate.values(), *plan.pretrain.values(), *tuned.candidates.values()], data_params)
     needed = plan.needed_pretrain()
     print(f"ok: {len(needed)} pretrain and {len(plan.federate)} federate jobs"
           + (f", {len(tuned.candidates)} tuning candidate jobs" if tuned.candidates else ""))
@@ -76,7 +77,7 @@ def cmd_run(args) -> None:
     later ``snakemake --configfile`` can name again) and exec Snakemake on it."""
     import hashlib  # ~3 ms that only `run` needs, not `fedshift --help`
 
-    from ..experiments import dump_config, load_experiments, snakemake_config, write_if_changed
+    from ..experiments import check_built_data, dump_config, load_experiments, snakemake_config, write_if_changed
     from ..overrides import apply_overrides
 
     grids = [i for i in args.items if "=" not in i]
@@ -92,6 +93,7 @@ def cmd_run(args) -> None:
     data_params = Path(exp.get("data_params") or "params/data.yaml")
     plan = load_experiments({k: v for k, v in exp.items() if k not in ("data_params", "gpus_per_job", "threads_per_job")},
                             data_params)
+    check_built_data([*plan.federate.values(), *plan.pretrain.values()], data_params)  # issue 51 R18
     text = dump_config(exp)
     path = Path("results/configs") / f"run-{hashlib.sha256(text.encode()).hexdigest()[:10]}.yaml"
     write_if_changed(path, text)
