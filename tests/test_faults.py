@@ -3,13 +3,30 @@ one line for every fault. Each test names its case id (docs/reliability.md) and 
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 
 import pytest
 import torch
 
+from fedshift import runner
+from fedshift.errors import ConfigError, RunError
+from fedshift.experiments import load_experiments
 from fedshift.methods import create_method
 from fedshift.testing import tiny_federation
+
+DATA = {"scenarios": {"rotmnist": {}}, "public": {"photo_patches": {}}}
+
+
+def _cfg(build, tmp_path, method="fedavg", rounds=2, structure="homo_lenet", **engine):
+    """The resolved config of one federate job on the tiny data under ``build``."""
+    exp = {"engine": {"rounds": rounds, "local_epochs": 1, "local_batch": 32, "device": "cpu", "threads": 1,
+                      "eval_batch": 512, "checkpoint_min_s": 0, **engine},
+           "grid": [{"scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": [method],
+                     "structures": [structure]}]}
+    (cfg,) = load_experiments(exp, DATA, results=str(tmp_path / "results"), build=str(build)).federate.values()
+    return cfg
 
 
 def _without_class(fed, k):
@@ -51,3 +68,77 @@ def test_a_class_nobody_holds_gets_no_prototype_and_a_warning(tiny_data, name, c
             c.model.train()
             assert torch.isneginf(out[:, 3]).all() and torch.isfinite(out[:, [k for k in range(10) if k != 3]]).all()
             assert (out.argmax(1) != 3).all()
+
+
+# ----------------------------------------------------------------- R32, R28, R27: participants without images
+def _first_empty(fed):
+    x, y = fed.clients[0].data.splits["private"]
+    fed.clients[0].data.splits["private"] = (x[:0], y[:0])
+    return fed
+
+
+@pytest.mark.parametrize("name", ["fedproto", "fedtgp", "fpl", "fdse"])
+def test_participants_without_images_send_nothing_and_are_named_each_round(tiny_data, name, caplog):
+    """R32 (FedProto: KeyError 'm0'), R28 (FDSE: stopped at round 2 with "lower the learning rate", and before that
+    its fair aggregation took m0's zero update as the min-norm direction: the shared tensors never moved): the
+    participant holding no images uploads nothing; one warning per round names it; the others' prototypes or
+    aggregate go on (as FedAvg, whose sample weights give it no say)."""
+    fed = _first_empty(tiny_federation(tiny_data, ("lenet",) * 4, public_aug="none"))
+    m = create_method(name, {"server_epochs": 2} if name == "fedtgp" else {})
+    m.setup(fed)
+    shared = {k: v.clone() for k, v in m.shared.items()} if name == "fdse" else None
+    with caplog.at_level(logging.WARNING):
+        for r in (1, 2):
+            fed.round = r
+            m.run_round(fed, r)
+            fed.check_weights()
+    named = [rec.getMessage() for rec in caplog.records if "hold no private images" in rec.getMessage()]
+    assert [s.split(":")[0] for s in named] == [f"{name} round 1", f"{name} round 2"] and "m0" in named[0], caplog.text
+    if name == "fdse":
+        moved = [k for k, v in m.shared.items() if "running_" not in k and not torch.equal(v, shared[k])]
+        assert moved and any(k.startswith("head") for k in moved)  # the others' updates reach the shared part
+    else:
+        assert m.present.any()  # prototypes from the three participants with data
+
+
+def test_fdse_similarity_of_a_zero_tensor_is_finite():
+    """R27: a personalised tensor that is zero for some participant (a DSE BatchNorm bias after a zero update)
+    gave NaN weights (cosine over a zero norm); now its cosine with every tensor is 0: hand values."""
+    from fedshift.methods.fdse import similarity_aggregate
+
+    a, z = torch.tensor([3.0, 4.0], dtype=torch.float64), torch.zeros(2, dtype=torch.float64)
+    b = torch.tensor([4.0, 3.0], dtype=torch.float64)
+    out = similarity_aggregate([a, z, b], tau=0.5)
+    # row of z: cosines (0, 0, 0) -> uniform weights -> the mean of a, z, b
+    torch.testing.assert_close(out[1], (a + b) / 3, rtol=0, atol=1e-15)
+    # row of a: cosines (1, 0, 24/25) / 0.5 -> softmax weights over (a, z, b)
+    w = torch.softmax(torch.tensor([2.0, 0.0, 48 / 25], dtype=torch.float64), 0)
+    torch.testing.assert_close(out[0], w[0] * a + w[2] * b, rtol=0, atol=1e-15)
+    assert all(torch.isfinite(t).all() for t in out)
+
+
+# ----------------------------------------------------------------- R26: strict JSON
+def _strict(text):
+    def refuse(name):
+        raise ValueError(f"bare {name} in JSON")
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_json_files_are_strict_with_null_and_a_note(tiny_data, tmp_path):
+    """R26: FDSE (FPL, FedHEAL, FedAvg alike) with one participant wrote bare NaN into metrics.json (inter-domain
+    accuracy has no other domain), which strict parsers refuse, with no note. Now null, listed under
+    `nonfinite` with what it was, and a note saying why; inputs.json is strict too."""
+    from fedshift.data.store import json_text
+
+    cfg = _cfg(tiny_data, tmp_path, "fdse", rounds=1)
+    cfg["participants"], cfg["archs"] = ["m0"], ["lenet"]
+    out = tmp_path / "one"
+    runner.run_federate(cfg, out)
+    m = _strict((out / "metrics.json").read_text())
+    assert m["headline"]["avg/inter/top1"] is None and 0 <= m["headline"]["avg/intra/top1"] <= 1
+    assert m["nonfinite"]["headline.avg/inter/top1"] == "NaN" and "final.m0/inter/top1" in m["nonfinite"]
+    assert any("undefined with one domain" in n for n in m["notes"])
+    _strict((out / "inputs.json").read_text())
+    got = _strict(json_text({"a": [1.5, float("inf")], "b": {"c": float("-inf")}, "d": float("nan")}))
+    assert got == {"a": [1.5, None], "b": {"c": None}, "d": None,
+                   "nonfinite": {"a.1": "inf", "b.c": "-inf", "d": "NaN"}}

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
 from .config import safe_load_yaml
-from .data.store import atomic_write_text, sha256_file
+from .data.store import atomic_write_text, json_text, sha256_file
 from .errors import ConfigError, RunError
 
 INPUTS = "inputs.json"
@@ -139,7 +139,7 @@ def recheck(rec: Mapping[str, object], run: str, rerun: str) -> None:
 
 
 def write(run_dir: Path, rec: Mapping[str, object]) -> None:
-    atomic_write_text(Path(run_dir) / INPUTS, json.dumps(rec, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(Path(run_dir) / INPUTS, json_text(rec))
 
 
 def read(run_dir: Path) -> Optional[Dict[str, object]]:

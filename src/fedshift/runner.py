@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import csv
 import errno
-import json
 import logging
 import os
 import time
@@ -317,6 +316,9 @@ def publish_federate(job: FederateJob, loop: RunLoop, tracker) -> Dict[str, Any]
         metrics["tune"] = (tune.score(loop.history_g, loop.rounds_g, cfg["tune"]["metric"]) if tune.global_metric(cfg)
                            else tune.score(history, loop.eval_rounds, cfg["tune"]["metric"]))
     metrics.update(method.run_summary(fed))  # e.g. FedH2L's communication bytes
+    if len({c.domain for c in fed.clients}) < 2:  # their NaN is written as null and listed (store.json_text, R26)
+        metrics["notes"] = ["inter-domain metrics (inter/*, cdp) are undefined with one domain: there is no other "
+                            "domain's test set to score on"]
     states: Dict[int, Dict[str, torch.Tensor]] = {}  # a model shared by clients (server_model) is stored once
     for c in fed.clients:
         if id(c.model) not in states:
@@ -433,7 +435,7 @@ def _publish(out_dir: Path, cfg, metrics, rows, tracker, checkpoint, extra, mode
     with store.atomic_dir(out_dir) as tmp:
         (tmp / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
         if inputs is not None:  # what the run was made from (fedshift.provenance)
-            (tmp / provenance.INPUTS).write_text(json.dumps(inputs, indent=2, sort_keys=True) + "\n")
+            (tmp / provenance.INPUTS).write_text(store.json_text(inputs))
         write_rounds_csv(tmp / "rounds.csv", rows)
         if checkpoint is not None:
             torch.save(checkpoint, tmp / "model.pt")
@@ -441,7 +443,7 @@ def _publish(out_dir: Path, cfg, metrics, rows, tracker, checkpoint, extra, mode
             torch.save(models, tmp / "models.pt")
         if extra:
             extra(tmp)
-        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+        (tmp / "metrics.json").write_text(store.json_text(metrics))  # strict JSON: NaN -> null, listed (R26)
         for name in ("config.yaml", "metrics.json", "rounds.csv") + ((provenance.INPUTS,) if inputs else ()):
             tracker.log_artifact(tmp / name)
         for p in sorted(tmp.glob("*.png")) + sorted(tmp.glob("*.npz")) + sorted(tmp.glob("models.pt")):

@@ -285,7 +285,7 @@ def run_candidate(cfg: Dict[str, Any], out_dir: Path, tracker=None, **kwargs) ->
     """A tuning candidate: an ordinary federated run; a non-finite loss or weight is recorded as
     ``diverged`` in its metrics.json (the workflow goes on; :func:`select` lists it as diverged)."""
     from . import runner
-    from .data.store import atomic_write_text
+    from .data.store import atomic_write_text, json_text
     from .engine import checkpoint
     from .errors import NonFiniteError
 
@@ -297,7 +297,7 @@ def run_candidate(cfg: Dict[str, Any], out_dir: Path, tracker=None, **kwargs) ->
                    "tune": {"score": None, "best_round": None}}
         out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
-        atomic_write_text(out_dir / "metrics.json", json.dumps(metrics, indent=1))
+        atomic_write_text(out_dir / "metrics.json", json_text(metrics, indent=1))
         checkpoint.clear(checkpoint.partial_dir(out_dir))
         if tracker is not None:
             try:

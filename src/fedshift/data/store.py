@@ -16,11 +16,12 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Dict, Iterator, Tuple
+from typing import Dict, Iterator, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -147,8 +148,36 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+NONFINITE = "nonfinite"  # the key under which json_text lists the values it wrote as null
+
+
+def json_text(obj, indent: Optional[int] = 2, sort_keys: bool = True) -> str:
+    """``obj`` as strict JSON (RFC 8259; Python's ``json.dumps`` writes bare ``NaN`` / ``Infinity``, which strict
+    parsers refuse: issue 51 R26): every NaN/inf float is written as ``null`` and, when ``obj`` is a mapping,
+    listed under ``"nonfinite"`` (dotted path -> ``"NaN"``, ``"inf"`` or ``"-inf"``), so a reader can tell an
+    undefined number from a missing one. Every JSON file fedshift writes goes through it."""
+    bad: Dict[str, str] = {}
+
+    def clean(x, where):
+        if isinstance(x, float) and not math.isfinite(x):
+            bad[where or "(top level)"] = "NaN" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+            return None
+        if isinstance(x, Mapping):
+            return {k: clean(v, f"{where}.{k}" if where else str(k)) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v, f"{where}.{i}" if where else str(i)) for i, v in enumerate(x)]
+        if isinstance(x, np.generic):
+            return clean(x.item(), where)
+        return x
+
+    out = clean(obj, "")
+    if bad and isinstance(out, dict):
+        out[NONFINITE] = {**(out.get(NONFINITE) or {}), **bad}
+    return json.dumps(out, indent=indent, sort_keys=sort_keys, allow_nan=False) + "\n"
+
+
 def write_json(path: Path, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(path, json_text(obj))
 
 
 def check_split(images: np.ndarray, labels: np.ndarray, name: str = "split") -> None:

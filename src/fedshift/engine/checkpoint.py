@@ -37,6 +37,7 @@ from typing import Any, Dict, Mapping, Optional
 import numpy as np
 import torch
 
+from ..data.store import json_text
 from ..errors import RunError
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ def _np_gen_state(g: np.random.Generator) -> str:
 def write_job_info(partial: Path, cfg_hash: str, run_id: Optional[str]) -> None:
     partial.mkdir(parents=True, exist_ok=True)
     tmp = partial / f".{JOB}.tmp"
-    tmp.write_text(json.dumps({"config_hash": cfg_hash, "mlflow_run_id": run_id}) + "\n")
+    tmp.write_text(json_text({"config_hash": cfg_hash, "mlflow_run_id": run_id}, indent=None))
     os.replace(tmp, partial / JOB)
 
 
