@@ -142,3 +142,45 @@ def test_json_files_are_strict_with_null_and_a_note(tiny_data, tmp_path):
     got = _strict(json_text({"a": [1.5, float("inf")], "b": {"c": float("-inf")}, "d": float("nan")}))
     assert got == {"a": [1.5, None], "b": {"c": None}, "d": None,
                    "nonfinite": {"a.1": "inf", "b.c": "-inf", "d": "NaN"}}
+
+
+# ----------------------------------------------------------------- E1 / E3: full or read-only results folder
+@pytest.fixture
+def tmpfs(tmp_path):
+    """A 1 MiB tmpfs mounted in ``tmp_path`` (root only; skipped elsewhere), unmounted afterwards."""
+    import subprocess
+
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here (not root)")
+    yield mnt
+    subprocess.run(["umount", str(mnt)], check=False)
+
+
+@pytest.mark.parametrize("fault", ["full", "read-only"])
+def test_full_or_read_only_results_folder_is_one_line_before_the_lock(tiny_data, tmp_path, tmpfs, fault, capsys):
+    """E1 / E3 (regressions of issue 38's run lock, which ran before the writability check): `fedshift federate`
+    into a full or read-only results folder ended in run_lock's OSError traceback; now rc 2 and one line."""
+    import subprocess
+
+    import yaml
+
+    from fedshift.cli import main
+
+    cfg = tmp_path / "job.yaml"
+    cfg.write_text(yaml.safe_dump(_cfg(tiny_data, tmp_path)))
+    (tmpfs / "results").mkdir()
+    if fault == "full":
+        with open(tmpfs / "filler", "wb") as f:
+            try:
+                f.write(b"\0" * (2 << 20))
+            except OSError:
+                pass
+    else:
+        subprocess.run(["mount", "-o", "remount,ro", str(tmpfs)], check=True)
+    assert main(["federate", str(cfg), str(tmpfs / "results" / "run"), "--no-tracking"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    why = "No space left on device" if fault == "full" else "Read-only file system"
+    assert err == [f"fedshift: error: results folder {tmpfs / 'results'} is not writable ({why}); fix its "
+                   "permissions or free space before running the job"]

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
 from .config import safe_load_yaml
-from .data.store import atomic_write_text, json_text, sha256_file
+from .data.store import atomic_write_text, check_writable, json_text, sha256_file
 from .errors import ConfigError, RunError
 
 INPUTS = "inputs.json"
@@ -179,10 +179,15 @@ def run_lock(out_dir: Path) -> Iterator[Path]:
     import fcntl
 
     out_dir = Path(out_dir)
+    check_writable(out_dir)  # a full or read-only results folder: one line, not the lock's OSError (issue 51 E1/E3)
     partial = out_dir.parent / f"{out_dir.name}.partial"
-    partial.mkdir(parents=True, exist_ok=True)
     path = partial / LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        partial.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the run lock {path} ({exc.strerror}); fix the permissions of {partial} "
+                          "or free space there before running the job") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -32,7 +32,6 @@ match their manifests' sha256 and label ranges.
 from __future__ import annotations
 
 import csv
-import errno
 import logging
 import os
 import time
@@ -43,6 +42,7 @@ from typing import Any, Dict, List, Optional, Union
 import torch
 
 from .data import store
+from .data.store import check_writable
 from .data.loading import load_federated
 from . import provenance
 from .engine import checkpoint, fused
@@ -135,25 +135,6 @@ def check_finite_state(state: Dict[str, torch.Tensor], where: str, fix: str) -> 
         if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all()):
             bad = int((~torch.isfinite(t)).sum())
             raise RunError(f"{where}: tensor {key!r} holds {bad} non-finite value(s) (NaN/inf); {fix}")
-
-
-def check_writable(out_dir: Path, reserve: int = 1 << 20) -> None:
-    """Fail before training when the results folder (and its checkpoint area) cannot be written,
-    or cannot take ``reserve`` bytes (reserved with fallocate, then released)."""
-    import tempfile
-
-    parent = Path(out_dir).parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=parent) as f:
-            try:
-                os.posix_fallocate(f.fileno(), 0, reserve)  # a full disk creates files but cannot fill them
-            except OSError as exc:
-                if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):  # no fallocate there: skip
-                    raise
-    except OSError as exc:
-        raise ConfigError(f"results folder {parent} is not writable ({exc.strerror}); "
-                          "fix its permissions or free space before running the job") from None
 
 
 def verify_inputs(folders: List[Path]) -> float:

@@ -14,6 +14,7 @@ a temporary name beside the target and swaps it in with renames at the end.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
@@ -130,6 +131,23 @@ def atomic_dir(target: Path) -> Iterator[Path]:
         os.replace(target, old)
     os.replace(tmp, target)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def check_writable(out_dir: Path, reserve: int = 1 << 20) -> None:
+    """Fail before training when the results folder (and its checkpoint area) cannot be written,
+    or cannot take ``reserve`` bytes (reserved with fallocate, then released)."""
+    parent = Path(out_dir).parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=parent) as f:
+            try:
+                os.posix_fallocate(f.fileno(), 0, reserve)  # a full disk creates files but cannot fill them
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):  # no fallocate there: skip
+                    raise
+    except OSError as exc:
+        raise ConfigError(f"results folder {parent} is not writable ({exc.strerror}); "
+                          "fix its permissions or free space before running the job") from None
 
 
 def atomic_write_text(path: Path, text: str) -> None:
