@@ -184,3 +184,52 @@ def test_full_or_read_only_results_folder_is_one_line_before_the_lock(tiny_data,
     why = "No space left on device" if fault == "full" else "Read-only file system"
     assert err == [f"fedshift: error: results folder {tmpfs / 'results'} is not writable ({why}); fix its "
                    "permissions or free space before running the job"]
+
+
+# ----------------------------------------------------------------- A40: a grid section of the wrong type
+def test_methods_given_as_a_list_is_one_line(tmp_path, monkeypatch, capsys):
+    """A40: `methods: [fedavg]` (a list, not a mapping) ended in an AttributeError traceback inside the merge of
+    the grid files; each file's shape is checked before the merge now (the Snakefile's merge too)."""
+    from fedshift.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "g.yaml").write_text("methods: [fedavg]\ngrid:\n  - {scenarios: [rotmnist], methods: [fedavg], "
+                                     "structures: [homo_lenet]}\n")
+    assert main(["validate", "--experiments", "g.yaml"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["fedshift: error: g.yaml: methods: ['fedavg'] is not of type 'object' (methods: per-method "
+                   "overrides of the method's Params dataclass)"]
+
+
+# ----------------------------------------------------------------- B0: dvc repro right after make install
+@pytest.mark.slow
+def test_dvc_repro_runs_right_after_make_install(tmp_path):
+    """B0: on a fresh clone `make install` then `dvc repro` failed (`[Errno 2] No such file or directory: .../data`:
+    the fetch stages depend on data.dvc's folder, which git cannot keep empty) until `mkdir data`. `make install`
+    creates it now (here with an up-to-date install stamp, so make runs no pip)."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import time
+
+    from conftest import REPO
+    from helpers import pipeline_copy
+
+    root = pipeline_copy(tmp_path / "clone", link_src=True)
+    shutil.rmtree(root / "data")  # what a clone holds: no data/
+    for name in ("Makefile", "requirements.lock", "pyproject.toml", "data.dvc"):
+        shutil.copy(REPO / name, root / name)
+    (root / ".venv").mkdir()
+    (root / ".venv/.installed").touch()  # the install itself is done
+    later = time.time() + 10
+    os.utime(root / ".venv/.installed", (later, later))  # newer than requirements.lock and pyproject.toml
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    sh = lambda cmd: subprocess.run(cmd, shell=True, cwd=root, env=env, capture_output=True, text=True)  # noqa: E731
+    assert sh("git init -q . && dvc init -q && dvc config core.analytics false").returncode == 0
+    before = sh("dvc repro --dry fetch@mnist5k")
+    assert "No such file or directory" in before.stdout + before.stderr  # what a fresh clone met
+    res = sh("make install")
+    assert res.returncode == 0 and "pip" not in res.stdout, res.stdout + res.stderr
+    res = sh("dvc repro --dry fetch@mnist5k")
+    assert res.returncode == 0 and "fedshift fetch --dvc-stage" in res.stdout, res.stdout + res.stderr

@@ -94,6 +94,8 @@ def snakemake_config(configfile, workflow_config: Path = WORKFLOW_CONFIG, replac
     another (``overlay_of``) must come after it (:func:`check_overlays`)."""
     files = [Path(configfile)] if isinstance(configfile, (str, Path)) else [Path(f) for f in configfile]
     docs = [load_yaml(f) for f in files]  # each file read once
+    for f, doc in zip(files, docs):
+        check_grid_file(doc, f)
     check_overlays(files, docs)
     own: dict = {}
     for doc in docs:
@@ -158,16 +160,29 @@ def load_yaml(path: Path) -> dict:
     return data
 
 
-def validate_schema(data: Mapping[str, Any], schema_path: Path = SCHEMA, where: str = "experiments") -> None:
+def validate_schema(data: Mapping[str, Any], schema_path: Path = SCHEMA, where: str = "experiments",
+                    partial: bool = False) -> None:
+    """``data`` against the grid's JSON schema; one line naming the key, what is wrong and what the key holds.
+    ``partial``: one file of several (``grid`` may come from another): the top level's ``required`` is not asked."""
     import jsonschema
 
     schema = yaml.safe_load(Path(schema_path).read_text())
+    if partial:
+        schema.pop("required", None)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
     if errors:
         e = errors[0]
         key = ".".join(str(p) for p in e.absolute_path) or "(top level)"
-        raise ConfigError(f"{where}: {key}: {e.message}")
+        what = e.schema.get("description") if isinstance(e.schema, Mapping) else None
+        raise ConfigError(f"{where}: {key}: {e.message}" + (f" ({key}: {what})" if what else ""))
+
+
+def check_grid_file(doc: Mapping[str, Any], path: Path) -> None:
+    """One grid file's shape (the schema's types of the keys it sets), before files are merged: ``methods:
+    [fedavg]`` (a list) ended in an AttributeError inside the merge (issue 51 A40)."""
+    validate_schema({k: v for k, v in doc.items() if k not in ("gpus_per_job", "threads_per_job")},
+                    where=_shown(Path(path)), partial=True)
 
 
 @dataclass(frozen=True)
