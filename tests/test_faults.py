@@ -233,3 +233,57 @@ def test_dvc_repro_runs_right_after_make_install(tmp_path):
     assert res.returncode == 0 and "pip" not in res.stdout, res.stdout + res.stderr
     res = sh("dvc repro --dry fetch@mnist5k")
     assert res.returncode == 0 and "fedshift fetch --dvc-stage" in res.stdout, res.stdout + res.stderr
+
+
+# ----------------------------------------------------------------- Q10: a checkpoint that does not fit
+def _interrupted(monkeypatch, cfg, out, stop_at=2):
+    """Run ``cfg`` into ``out`` until it is interrupted inside round ``stop_at`` (round ``stop_at - 1`` checkpointed)."""
+    from fedshift.methods.fedavg import FedAvg
+
+    real = FedAvg.run_round
+
+    def run_round(self, fed, r):
+        if r == stop_at:
+            raise KeyboardInterrupt
+        return real(self, fed, r)
+
+    monkeypatch.setattr(FedAvg, "run_round", run_round)
+    with pytest.raises(KeyboardInterrupt):
+        runner.run_federate(cfg, out)
+    monkeypatch.setattr(FedAvg, "run_round", real)
+
+
+def test_checkpoint_that_does_not_fit_is_set_aside(tiny_data, tmp_path, monkeypatch, caplog):
+    """Q10: a checkpoint tensor of another shape gave load_state_dict's `size mismatch` traceback on every rerun.
+    Now the checkpoint is set aside (renamed) with one warning naming the tensor and both shapes, and the job
+    starts afresh; a method state that cannot be restored is one line and set aside too, so the rerun starts
+    afresh instead of meeting the same file."""
+    from fedshift.engine import checkpoint
+
+    cfg = _cfg(tiny_data, tmp_path, rounds=3, checkpoint_every=1)
+    out = tmp_path / "out"
+    path = checkpoint.partial_dir(out) / checkpoint.CHECKPOINT
+    _interrupted(monkeypatch, cfg, out)
+    ck = torch.load(path, weights_only=True)
+    key = next(iter(ck["models"][1]))
+    want = list(ck["models"][1][key].shape)
+    ck["models"][1][key] = torch.zeros(3, 3)
+    torch.save(ck, path)
+    with caplog.at_level(logging.WARNING, logger="fedshift.engine.checkpoint"):
+        metrics = runner.run_federate(cfg, out)
+    msgs = [r.getMessage() for r in caplog.records if "does not fit" in r.getMessage()]
+    assert len(msgs) == 1 and f"models[1] {key}: shape [3, 3] in the checkpoint, {want} in the model" in msgs[0]
+    assert "set aside as checkpoint.pt.misfit-" in msgs[0] and "starting afresh" in msgs[0]
+    assert metrics["timings"]["resumed_after_rounds"] == [] and (out / "metrics.json").exists()
+    # a method state of another layout: one line (RunError), the file set aside; the rerun starts afresh
+    out2 = tmp_path / "out2"
+    path2 = checkpoint.partial_dir(out2) / checkpoint.CHECKPOINT
+    _interrupted(monkeypatch, cfg, out2)
+    ck = torch.load(path2, weights_only=True)
+    ck["method"] = {"bogus": torch.zeros(1)}
+    torch.save(ck, path2)
+    with pytest.raises(RunError, match=r"could not be restored \(ValueError: method 'fedavg' keeps .*set aside as "
+                                       r"checkpoint.pt.unrestorable-\d+: rerun to start afresh") as e:
+        runner.run_federate(cfg, out2)
+    assert "\n" not in str(e.value) and not path2.exists()
+    assert runner.run_federate(cfg, out2)["timings"]["resumed_after_rounds"] == []

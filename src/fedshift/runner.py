@@ -355,7 +355,7 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None, allow_code_ch
     record = provenance.record(inputs, _manifest_paths(data.manifests, cfg, None), cfg_hash)
     tracker.set_tags(provenance.tags(record["code"]))
     ckpt = (checkpoint.load(partial, cfg_hash, inputs, code=record["code"], allow_code_change=allow_code_change,
-                            last_round=pc.epochs) if pc.checkpoint_every else None)
+                            last_round=pc.epochs, models=[model]) if pc.checkpoint_every else None)
     prog = Progress(cfg["run_name"], pc.epochs, device_note(pc.device, device))
     rows, history = [], []
     timings = {"checkpoint_s": 0.0, "verify_s": verify_s}
