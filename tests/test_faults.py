@@ -287,3 +287,27 @@ def test_checkpoint_that_does_not_fit_is_set_aside(tiny_data, tmp_path, monkeypa
         runner.run_federate(cfg, out2)
     assert "\n" not in str(e.value) and not path2.exists()
     assert runner.run_federate(cfg, out2)["timings"]["resumed_after_rounds"] == []
+
+
+# ----------------------------------------------------------------- Q19: a run folder's config.yaml
+@pytest.mark.parametrize("text, message", [
+    ("kind: federate\nrun_name: r\nscenario: rotmnist\nmethod: fedavg\nbase_method: fedavg\nseed: 0\narchs: [lenet]\n"
+     "method_params: {}\npaths: {partition: build/partitions/rotmnist}\n", "config.yaml: missing key 'engine'"),
+    ("engine: {rounds: 2\nseed: 0\n", "config.yaml:2:5: invalid YAML: expected ',' or '}', but got ':'"),
+], ids=["no-engine", "invalid-yaml"])
+def test_run_folder_config_without_engine_or_invalid_is_one_line(tmp_path, capsys, text, message):
+    """Q19: `fedshift evaluate` of a run folder whose config.yaml lacks `engine:` ended in KeyError: 'engine'
+    (runner.py:205), an invalid one in a yaml ParserError traceback; `fedshift federate` of such a config too."""
+    from fedshift.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text(text)
+    (run / "models.pt").write_bytes(b"")
+    assert main(["evaluate", str(run)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"fedshift: error: {run}/{message}" in err[0], err
+    assert err[0].endswith(f"rerun the job that published {run}")
+    assert main(["federate", str(run / "config.yaml"), str(tmp_path / "out"), "--no-tracking"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"fedshift: error: {run}/{message}" in err[0], err

@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
-from .config import resolve, safe_load_yaml, to_dict
+from .config import read_yaml_file, resolve, to_dict
 from .errors import ConfigError
 
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "experiments.schema.yaml"
@@ -144,15 +144,7 @@ def _shown(path: Path) -> str:
 
 def load_yaml(path: Path) -> dict:
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"missing config file {path}")
-    try:
-        data = safe_load_yaml(path.read_text(), str(path))  # aliases bounded (issue 38)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)  # file:line:column
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
+    data = read_yaml_file(path)  # aliases bounded (issue 38), file:line:column of a syntax error
     if data is None:
         return {}
     if not isinstance(data, dict):

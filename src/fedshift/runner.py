@@ -180,6 +180,21 @@ def tracked_summary(cfg: Dict[str, Any], metrics: Dict[str, Any]) -> Dict[str, A
     return {**metrics, "headline": method.tracked_metrics(metrics.get("headline") or {}, engine_config(cfg))}
 
 
+# the keys a job reads from its resolved config (fedshift.experiments writes them all)
+RUN_KEYS = {"federate": ("run_name", "scenario", "method", "base_method", "seed", "archs", "method_params", "engine",
+                         "paths"),
+            "pretrain": ("run_name", "scenario", "participant", "arch", "seed", "pretrain", "paths")}
+
+
+def read_run_config(path: Path, kind: str, fix: str = "") -> Dict[str, Any]:
+    """A job's resolved config (``fedshift federate|pretrain CONFIG``, a run folder's ``config.yaml``): invalid YAML
+    or a missing key is one line naming the file (issue 51 Q19), not a ParserError / KeyError traceback."""
+    from .config import read_yaml_file
+
+    return read_yaml_file(path, RUN_KEYS[kind], fix or f"give a {kind} config written by the workflow "
+                          f"(results/configs/{kind}/...) or a published run folder's config.yaml")
+
+
 def engine_config(cfg: Dict[str, Any], **override: Any) -> EngineConfig:
     """The typed engine section of a resolved config (YAML lists become tuples), with ``override`` applied."""
     return EngineConfig(**{**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg["engine"].items()},
@@ -445,11 +460,9 @@ def evaluate_run(run_dir: Path, device: str = "cpu", bf16: Optional[bool] = None
     if not (run_dir / "config.yaml").exists() or not path.exists():
         raise ConfigError(f"{run_dir} holds no config.yaml + models.pt; give a finished federated run folder "
                           "(results/federate/<scenario>/<public>/<method>/<structure>/seed<n>)")
-    from .config import safe_load_yaml
-
-    cfg = safe_load_yaml((run_dir / "config.yaml").read_text(), str(run_dir / "config.yaml"))
-    _check_evaluated_data(run_dir, cfg, force)
     fix = f"rerun the job that published {run_dir}"
+    cfg = read_run_config(run_dir / "config.yaml", "federate", fix)
+    _check_evaluated_data(run_dir, cfg, force)
     saved = read_torch(path, fix, keys=("participants",))["participants"]
     eng = engine_config(cfg, device=device, **({} if bf16 is None else {"bf16": bool(bf16)}))
     dev = _setup_torch(device, eng.threads)
