@@ -311,3 +311,82 @@ def test_run_folder_config_without_engine_or_invalid_is_one_line(tmp_path, capsy
     assert main(["federate", str(run / "config.yaml"), str(tmp_path / "out"), "--no-tracking"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"fedshift: error: {run}/{message}" in err[0], err
+
+
+# ----------------------------------------------------------------- R21, R23, R39: what a run folder records
+def test_evaluate_refuses_a_record_without_a_partition(tiny_data, tmp_path, capsys):
+    """R21: `fedshift evaluate` of a run whose inputs.json records no partition entry scored the current partition
+    with rc 0 (nothing recorded = nothing compared); now it is refused as a run without inputs.json is, --force
+    scores it with a warning."""
+    from fedshift import provenance
+    from fedshift.cli import main
+
+    out = tmp_path / "run"
+    runner.run_federate(_cfg(tiny_data, tmp_path, rounds=1), out)
+    rec = json.loads((out / provenance.INPUTS).read_text())
+    for key in [k for k in rec["inputs"] if k.startswith("partition/")]:
+        rec["inputs"].pop(key), rec["paths"].pop(key)
+    (out / provenance.INPUTS).write_text(json.dumps(rec))
+    capsys.readouterr()  # the run's progress lines
+    assert main(["evaluate", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{out}/inputs.json records no partition (no 'partition/<name>' among its inputs)" in err[0]
+    assert err[0].endswith("; rerun the job, or pass --force to score it anyway")
+    assert main(["evaluate", str(out), "--force"]) == 0
+    assert "scoring anyway (--force)" in capsys.readouterr().err
+
+
+def test_base_checkpoints_made_by_other_code_are_said_and_recorded(tiny_data, tmp_path, caplog):
+    """R23: a federate run starting from BASE checkpoints made by other code (or by code that recorded nothing) ran
+    silently. Now one warning names the first, inputs.json records the code of each (`base_code`), and a BASE
+    trained on another partition than the run reads is refused in one line."""
+    from fedshift import provenance
+    from fedshift.data import store
+
+    exp = {"engine": {"rounds": 1, "local_epochs": 1, "local_batch": 32, "device": "cpu", "threads": 1},
+           "methods": {"fedavg": {"init": "base"}},
+           "grid": [{"scenarios": ["rotmnist"], "methods": ["fedavg"], "structures": ["homo_lenet"]}]}
+    (cfg,) = load_experiments(exp, DATA, results=str(tmp_path / "results"), build=str(tiny_data)).federate.values()
+    part = Path(cfg["paths"]["partition"]) / "manifest.json"
+    mine = provenance.code_version()
+    other = {"files_sha256": "e" * 64, "commit": None, "dirty": None}
+    ckpts = [Path(p) for p in cfg["paths"]["pretrained"]]
+    models = runner.build_models(cfg["archs"], 10, 1, cfg["engine"]["norm"], 0)
+    for i, (path, model, arch) in enumerate(zip(ckpts, models, cfg["archs"])):  # as the pretrain jobs publish them
+        path.parent.mkdir(parents=True)
+        torch.save({"arch": arch, "state_dict": model.state_dict()}, path)
+        if i < 3:  # base/3: no inputs.json (made by code that records nothing)
+            rec = provenance.record({"partition/rotmnist": store.sha256_file(part)}, {"partition/rotmnist": part}, "x")
+            provenance.write(path.parent, {**rec, "code": other if i < 2 else mine})
+    with caplog.at_level(logging.WARNING, logger="fedshift.provenance"):
+        runner.run_federate(cfg, tmp_path / "fed")
+    msgs = [r.getMessage() for r in caplog.records if "BASE checkpoint" in r.getMessage()]
+    assert len(msgs) == 1 and f"{ckpts[0]} (base/0) was made by code eeeeeeeeeeee (no git), this job runs " \
+        f"{provenance.describe_code(mine)} (and 2 more): the run mixes two code versions" in msgs[0]
+    rec = provenance.read(tmp_path / "fed")
+    assert rec["base_code"] == {"base/0": other, "base/1": other, "base/2": mine, "base/3": None}
+    stale = provenance.read(ckpts[1].parent)
+    stale["inputs"]["partition/rotmnist"] = "0" * 64
+    provenance.write(ckpts[1].parent, stale)
+    with pytest.raises(ConfigError, match=rf"BASE checkpoint {ckpts[1]} \(base/1\) was trained on partition/rotmnist "
+                                          r"sha256 000000000000, this job reads sha256 \w{12}: its training images"):
+        runner.run_federate(cfg, tmp_path / "fed2")
+
+
+def test_resume_forced_across_a_code_change_is_recorded(tiny_data, tmp_path, monkeypatch):
+    """R39: a resume forced with --resume-across-code-change left no trace in the run folder (only a log line);
+    inputs.json now lists it: the round it resumed after and the code that ran before."""
+    from fedshift import provenance
+
+    cfg = _cfg(tiny_data, tmp_path, rounds=3, checkpoint_every=1)
+    out = tmp_path / "run"
+    _interrupted(monkeypatch, cfg, out)
+    before = provenance.code_version()
+    edited = dict(before, files_sha256="f" * 64, dirty=True)
+    monkeypatch.setattr(provenance, "code_version", lambda root=None: dict(edited))
+    runner.run_federate(cfg, out, allow_code_change=True)
+    rec = provenance.read(out)
+    assert rec["code"] == edited and rec["resumed_across_code_change"] == [{"after_round": 1, "code": before}]
+    plain = tmp_path / "plain"
+    runner.run_federate(cfg, plain)
+    assert "resumed_across_code_change" not in provenance.read(plain)

@@ -212,6 +212,8 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None, allow_code_ch
     tracker = tracker or NullTracker()
     job = build_federate(cfg, Path(out_dir), tracker)
     ckpt = job.load_checkpoint(allow_code_change)
+    if ckpt is not None:  # a resume across a code change is recorded in inputs.json (issue 51 R39)
+        provenance.note_code_change(job.record, ckpt)
     loop = RunLoop(job, tracker)
     loop.run(ckpt)
     return publish_federate(job, loop, tracker)
@@ -262,6 +264,7 @@ def build_federate(cfg: Dict[str, Any], out_dir: Path, tracker) -> FederateJob:
     base_files = {f"base/{i}": Path(ck) for i, ck in enumerate(cfg["paths"].get("pretrained") or [])}
     inputs = checkpoint.input_hashes(data.manifests, base_files)
     record = provenance.record(inputs, {**_manifest_paths(data.manifests, cfg, public_dir), **base_files}, cfg_hash)
+    provenance.base_origins(record, base_files)  # BASE made by other code: said and recorded (issue 51 R23)
     tracker.set_tags(provenance.tags(record["code"]))  # also on a resume: the code that runs now
     return FederateJob(cfg, out_dir, eng, device, method, fed, verify_s, cfg_hash, partial, inputs, record)
 
@@ -371,6 +374,8 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None, allow_code_ch
     tracker.set_tags(provenance.tags(record["code"]))
     ckpt = (checkpoint.load(partial, cfg_hash, inputs, code=record["code"], allow_code_change=allow_code_change,
                             last_round=pc.epochs, models=[model]) if pc.checkpoint_every else None)
+    if ckpt is not None:
+        provenance.note_code_change(record, ckpt)
     prog = Progress(cfg["run_name"], pc.epochs, device_note(pc.device, device))
     rows, history = [], []
     timings = {"checkpoint_s": 0.0, "verify_s": verify_s}
@@ -398,7 +403,8 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None, allow_code_ch
             t = time.time()
             timings["checkpoint_bytes"] = checkpoint.save(partial, {
                 "config_hash": cfg_hash, "inputs": inputs, "round": ep, "run_id": getattr(tracker, "run_id", None),
-                "code": record["code"], "models": [checkpoint.module_state(model)], "optimizer": checkpoint.to_cpu(opt.state_dict()),
+                "code": record["code"], "code_changes": record.get("resumed_across_code_change", []),
+                "models": [checkpoint.module_state(model)], "optimizer": checkpoint.to_cpu(opt.state_dict()),
                 "rng": {"federation": fed.rng_state(), "global": _torch_rng()},
                 "rows": rows, "history": history})
             timings["checkpoint_s"] += time.time() - t
@@ -492,14 +498,15 @@ def _check_evaluated_data(run_dir: Path, cfg: Dict[str, Any], force: bool) -> No
     rec = provenance.read(run_dir)
     part = Path(cfg["paths"]["partition"]) / store.MANIFEST
     now = store.sha256_file(part) if part.exists() else "missing"
-    if rec is None:
+    old = {k: v for k, v in (rec or {}).get("inputs", {}).items() if k.startswith("partition/")}
+    if not old:  # nothing recorded = nothing to compare (issue 51 R21: an inputs.json without a partition entry)
         msg = (f"{run_dir} records no input hashes ({provenance.INPUTS}: published before fedshift recorded them), "
-               f"so its partition cannot be told from the current {part} (sha256 {now[:12]})")
+               if rec is None else f"{run_dir}/{provenance.INPUTS} records no partition (no 'partition/<name>' "
+               "among its inputs), ") + f"so its partition cannot be told from the current {part} (sha256 {now[:12]})"
         if not force:
             raise ConfigError(f"{msg}; rerun the job, or pass --force to score it anyway")
         print(f"fedshift: warning: {msg}; scoring anyway (--force)", file=sys.stderr, flush=True)
         return
-    old = {k: v for k, v in rec["inputs"].items() if k.startswith("partition/")}
     for name, digest in old.items():
         if digest != now:
             msg = (f"{run_dir} was trained on {name} sha256 {str(digest)[:12]}, {part} now has sha256 {now[:12]}")

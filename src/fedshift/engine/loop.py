@@ -180,7 +180,8 @@ class RunLoop:
         """A checkpoint after round ``r``: the job's identity, the federation ``state``, the results so far."""
         job = self.job
         return {"config_hash": job.cfg_hash, "inputs": job.inputs, "round": r,
-                "run_id": getattr(self.tracker, "run_id", None), "code": job.record["code"], **state,
+                "run_id": getattr(self.tracker, "run_id", None), "code": job.record["code"],
+                "code_changes": job.record.get("resumed_across_code_change", []), **state,
                 "rows": self.all_rows, "history": self.history, "eval_rounds": self.eval_rounds,
                 "timings": self.timings, "history_g": self.history_g, "rounds_g": self.rounds_g,
                 "global_curve": [list(c) for c in self.global_eval.curve], "resumed": self.resumed}
