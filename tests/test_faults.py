@@ -390,3 +390,73 @@ def test_resume_forced_across_a_code_change_is_recorded(tiny_data, tmp_path, mon
     plain = tmp_path / "plain"
     runner.run_federate(cfg, plain)
     assert "resumed_across_code_change" not in provenance.read(plain)
+
+
+# ----------------------------------------------------------------- R05, R06, R08: tuning
+TUNE_DATA = {"scenarios": {"mnist5k_shards": {}}}
+
+
+def _tune_grid(tune, seeds=(0,)):
+    return {"engine": {"rounds": 4, "device": "cpu"},
+            "grid": [{"scenarios": ["mnist5k_shards"], "methods": ["fedavg"], "structures": ["homo_lenet"],
+                      "seeds": list(seeds)}],
+            "tune": tune}
+
+
+def test_tuning_seeds_equal_to_reported_seeds_warn(tmp_path, capsys):
+    """R05: tuning seeds equal to the reported seeds planned silently, though docs/tuning.md says to keep them apart."""
+    from fedshift.tune import plan_tune
+
+    for seeds, warned in (([0, 1], True), ([100], False)):
+        grid = _tune_grid({"budget": {"rounds": 2, "seeds": seeds}, "methods": {"fedavg": {"engine.lr": [0.01]}}},
+                          seeds=(1, 2))
+        plan_tune(grid, load_experiments(grid, TUNE_DATA, results=str(tmp_path)), results=str(tmp_path))
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err == ([f"fedshift: warning: tune.budget.seeds {seeds} include the reported seed(s) [1] of the tuned "
+                        "methods: the values would be chosen on the same draws (model initialisation, client sampling, "
+                        "a data_seed: run partition) the grid then reports; keep them apart (e.g. seeds: [100], "
+                        "docs/tuning.md)"] if warned else [])
+
+
+def test_a_tune_grid_too_large_is_refused_before_it_is_expanded(tmp_path):
+    """R06: no cap on a tune grid's size: 1,000,000 candidates kept `validate` busy > 10 min at 1.1 GB. The count is
+    a product of list lengths, checked before one candidate is made (here 10^6 x 2 seeds: at once)."""
+    from fedshift.tune import MAX_CANDIDATE_JOBS, plan_tune
+
+    big = {"engine.lr": list(range(1, 101)), "engine.weight_decay": list(range(100)),
+           "engine.momentum": [i / 100 for i in range(100)]}
+    grid = _tune_grid({"budget": {"rounds": 2, "seeds": [100, 101]}, "methods": {"fedavg": big}})
+    with pytest.raises(ConfigError) as e:
+        plan_tune(grid, load_experiments(grid, TUNE_DATA, results=str(tmp_path)), results=str(tmp_path))
+    assert str(e.value) == ("tune.methods.fedavg (mnist5k_shards): 100 engine.lr x 100 engine.weight_decay x 100 "
+                            "engine.momentum x 2 tuning seed(s) = 2,000,000 candidate jobs, more than "
+                            f"{MAX_CANDIDATE_JOBS:,} (fedshift.tune.MAX_CANDIDATE_JOBS); search fewer values, or tune "
+                            "in several grids")
+    grid = _tune_grid({"budget": {"rounds": 2, "seeds": [100]},
+                       "methods": {"fedavg": {"engine.lr": {"log": [1e-4, 1], "num": 10 ** 9}}}})
+    with pytest.raises(ConfigError, match=r"tune.methods.fedavg.engine.lr: num 1,000,000,000 values, more than"):
+        plan_tune(grid, load_experiments(grid, TUNE_DATA, results=str(tmp_path)), results=str(tmp_path))
+
+
+def test_a_chosen_value_that_was_never_a_candidate_is_refused(tmp_path):
+    """R08: a hand-edited chosen.yaml with a value that was never a candidate (lr 5.0) was applied silently."""
+    import yaml
+
+    from fedshift import tune
+
+    grid = _tune_grid({"budget": {"rounds": 2, "seeds": [100]}, "methods": {"fedavg": {"engine.lr": [0.001, 0.01]}}})
+    plan = load_experiments(grid, TUNE_DATA, results=str(tmp_path))
+    tune.plan_tune(grid, plan, results=str(tmp_path))
+    (seeded,) = plan.federate.values()
+    path = Path(seeded["tuned"]["file"])
+    chosen = {"chosen": {"engine.lr": 0.01}, "score": 0.5, "candidate": "cb",
+              "candidates": [{"id": "ca", "values": {"engine.lr": 0.001}, "status": "ok"},
+                             {"id": "cb", "values": {"engine.lr": 0.01}, "status": "ok"}]}
+    path.parent.mkdir(parents=True)
+    path.write_text(yaml.safe_dump(chosen))
+    assert tune.apply_chosen(seeded)["engine"]["lr"] == 0.01
+    path.write_text(yaml.safe_dump({**chosen, "chosen": {"engine.lr": 5.0}}))
+    with pytest.raises(ConfigError) as e:
+        tune.apply_chosen(seeded)
+    assert str(e.value) == (f"{path}: chosen engine.lr 5.0 was never a candidate (candidates: 0.001, 0.01); remove "
+                            f"{path} to have the tune's selection (snakemake's tune_select) write it again")
