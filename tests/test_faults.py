@@ -460,3 +460,22 @@ def test_a_chosen_value_that_was_never_a_candidate_is_refused(tmp_path):
         tune.apply_chosen(seeded)
     assert str(e.value) == (f"{path}: chosen engine.lr 5.0 was never a candidate (candidates: 0.001, 0.01); remove "
                             f"{path} to have the tune's selection (snakemake's tune_select) write it again")
+
+
+# ----------------------------------------------------------------- R17: an alias bomb on the command line
+def test_alias_bomb_as_a_run_override_is_one_line(monkeypatch, capsys):
+    """R17: `fedshift run engine.rounds=<alias bomb>` ended in a MemoryError traceback after 232 s (the alias bound
+    covered files, not override values); anchors and aliases in a command-line value are refused at once.
+    (Run in the project folder: the override is refused before anything is planned or written.)"""
+    from conftest import REPO
+
+    from fedshift.cli import main
+
+    levels = ["&a0 [x, x, x, x, x, x, x, x, x]"] + [f"&a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 9)]
+    bomb = "[" + ", ".join(levels) + "]"  # 9^9 = 387,420,489 values when expanded
+    monkeypatch.chdir(REPO)
+    assert main(["run", f"engine.rounds={bomb}", "--", "-n"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("fedshift: error: override engine.rounds: value '[&a0 [x, x, x")
+    assert err[0].endswith("YAML anchors and aliases (&name, *name) are not taken in a command-line value; write the "
+                           "values out")
