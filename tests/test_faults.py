@@ -479,3 +479,20 @@ def test_alias_bomb_as_a_run_override_is_one_line(monkeypatch, capsys):
     assert len(err) == 1 and err[0].startswith("fedshift: error: override engine.rounds: value '[&a0 [x, x, x")
     assert err[0].endswith("YAML anchors and aliases (&name, *name) are not taken in a command-line value; write the "
                            "values out")
+
+
+# ----------------------------------------------------------------- R19: how to build a missing seeded partition
+def test_a_missing_seeded_partition_names_what_builds_it(tiny_data, tmp_path):
+    """R19: a job reading a per-seed partition (engine.data_seed: run) that is not drawn yet said "run `dvc repro`",
+    which never draws one (the workflow's partition_seed rule does); the line now names the command."""
+    cfg = _cfg(tiny_data, tmp_path, rounds=1, data_seed="run")
+    folder = Path(cfg["paths"]["partition"])
+    assert folder == tiny_data / "partitions_seeded/rotmnist/seed0" and not folder.exists()
+    with pytest.raises(ConfigError) as e:
+        runner.run_federate(cfg, tmp_path / "run")
+    assert str(e.value) == (f"missing {folder}/manifest.json; build it with `fedshift partition rotmnist --seed 0 "
+                            f"--out {folder}` (what the workflow's partition_seed rule runs; `dvc repro` does not draw "
+                            "per-seed partitions)")
+    from fedshift.data.store import rebuild_hint
+
+    assert rebuild_hint(tiny_data / "partitions/rotmnist/m0/private_images.npy") == "rebuild it with `dvc repro`"

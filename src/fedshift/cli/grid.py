@@ -25,6 +25,10 @@ def _data_not_built(plan, data_params: Path) -> Optional[str]:
 
     folders = {c["paths"]["partition"] for c in (*plan.federate.values(), *plan.needed_pretrain().values())}
     folders |= {c["paths"]["public"] for c in plan.federate.values() if c["paths"].get("public")}
+    # a per-seed partition (engine.data_seed: run) is drawn by the workflow's partition_seed rule from DVC's partition
+    # of its scenario: that one is what `dvc repro` must build (issue 51 R19)
+    folders = {str(Path(f).parents[2] / "partitions" / Path(f).parent.name)
+               if Path(f).parent.parent.name == "partitions_seeded" else f for f in folders}
     missing = sorted(f for f in folders if not (Path(f) / "manifest.json").is_file())
     if not missing:
         return None
