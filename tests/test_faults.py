@@ -496,3 +496,49 @@ def test_a_missing_seeded_partition_names_what_builds_it(tiny_data, tmp_path):
     from fedshift.data.store import rebuild_hint
 
     assert rebuild_hint(tiny_data / "partitions/rotmnist/m0/private_images.npy") == "rebuild it with `dvc repro`"
+
+
+# ----------------------------------------------------------------- R18 in-process: every data key
+def test_built_data_that_disagree_with_the_data_params_are_named(tiny_data, tmp_path):
+    """R18 (the real Snakemake/DVC path: tests/test_workflow.py): planning compares what is built with what the grid's
+    data params ask, for the partition, the public set, the datasets they are drawn from and a per-seed redraw."""
+    import os
+
+    import yaml
+
+    from fedshift.data import build
+    from fedshift.experiments import check_built_data
+    from helpers import tiny_data_params
+
+    root = tmp_path / "build"
+    root.mkdir()
+    for sub in ("datasets", "public", "partitions"):
+        os.symlink(tiny_data / sub, root / sub)
+    data = tiny_data_params()
+    seeded = _cfg(root, tmp_path, rounds=1, data_seed="run")
+    build.partition("rotmnist", {"mnist5k": root / "datasets/mnist5k"}, Path(seeded["paths"]["partition"]),
+                    {**data["scenarios"]["rotmnist"], "seed": 0})
+    configs = [_cfg(root, tmp_path, rounds=1, method="fedmd"), seeded]
+    check_built_data(configs, data, build=str(root))  # as built: nothing to say
+
+    def refused(change, section, name):
+        asked = yaml.safe_load(yaml.safe_dump(data))
+        asked[section][name].update(change)
+        with pytest.raises(ConfigError) as e:
+            check_built_data(configs, asked, build=str(root))
+        return str(e.value)
+
+    msg = refused({"per_class": 30}, "scenarios", "rotmnist")
+    assert msg.startswith(f"the data params: scenarios.rotmnist.per_class is 30, but {root}/partitions/rotmnist was "
+                          "built with 20")
+    assert "scenarios.rotmnist.seed is 3, but" in refused({"seed": 3}, "scenarios", "rotmnist")  # DVC's folder first
+    assert f"public.photo_patches.n is 200, but {root}/public/photo_patches was built with 256" in \
+        refused({"n": 200}, "public", "photo_patches")
+    assert f"dataset_params.photo_patches.n is 500, but {root}/datasets/photo_patches was built with 400" in \
+        refused({"n": 500}, "dataset_params", "photo_patches")
+    os.unlink(root / "partitions")  # the DVC partition gone: the redraw is compared on its own
+    (root / "partitions").mkdir()
+    msg = refused({"test": 0.3}, "scenarios", "rotmnist")
+    assert f"scenarios.rotmnist.test is 0.3, but {seeded['paths']['partition']} was built with 0.25" in msg
+    assert msg.endswith(f"remove {seeded['paths']['partition']}: the workflow's partition_seed rule redraws it from "
+                        "the data params")
