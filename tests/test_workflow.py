@@ -207,6 +207,38 @@ def test_command_line_overrides_plan_through_snakemake(project):
     assert cfg["engine"]["local_batch"] == TINY_GRID["engine"]["local_batch"]  # the rest of the grid kept
 
 
+def test_data_params_that_disagree_with_the_built_data_are_refused(project):
+    """Issue 51 R18: `fedshift run GRID data_params=<a copy of params/data.yaml with rotmnist's seed changed>`
+    while the partition built from params/data.yaml exists planned the jobs on the built partition (the
+    data file's check ran only when a manifest was missing): validate ok, rc 0, the runs trained on data
+    the grid did not name. Now planning (fedshift run, snakemake, fedshift validate) refuses in one line
+    naming the key, the built value and the asked one. Dry runs: nothing trains."""
+    run("dvc repro", project)  # what the grid reads is built (a no-op after the module's first run)
+    data = yaml.safe_load((project / "params/data.yaml").read_text())
+    built = data["scenarios"]["rotmnist"]["seed"]
+    data["scenarios"]["rotmnist"]["seed"] = built + 1
+    (project / "data_other.yaml").write_text(yaml.safe_dump(data))
+    want = (f"data_other.yaml: scenarios.rotmnist.seed is {built + 1}, but build/partitions/rotmnist was built "
+            f"with {built}")
+    res = run("FEDSHIFT_TRACKING=none fedshift run data_params=data_other.yaml -- -n --cores 1", project, check=False)
+    err = [l for l in res.stderr.splitlines() if l.startswith("fedshift: error:")]
+    assert res.returncode == 2 and len(err) == 1 and want in err[0], res.stdout[-2000:] + res.stderr[-2000:]
+    assert "copy data_other.yaml over params/data.yaml" in err[0] and "rule federate" not in res.stdout
+    res = run("FEDSHIFT_TRACKING=none snakemake -n --cores 1 --config data_params=data_other.yaml", project, check=False)
+    assert res.returncode != 0 and f"fedshift: error: {want}" in res.stdout + res.stderr
+    assert "rule federate" not in res.stdout
+    # the same file as params/data.yaml, not rebuilt after the edit: `dvc repro` is the fix
+    original = (project / "params/data.yaml").read_text()
+    try:
+        (project / "params/data.yaml").write_text(yaml.safe_dump(data))
+        res = run("FEDSHIFT_TRACKING=none fedshift validate", project, check=False)
+        assert res.returncode == 2 and "params/data.yaml: scenarios.rotmnist.seed is" in res.stderr
+        assert "run `dvc repro`" in res.stderr.strip().splitlines()[-1]
+    finally:
+        (project / "params/data.yaml").write_text(original)
+    assert run("FEDSHIFT_TRACKING=none fedshift validate", project).returncode == 0  # agreeing again
+
+
 def test_unreachable_tracking_server_does_not_abort_the_run(ran):
     """Issue 23 case 7: onstart's MLflow store check raised and aborted the whole run."""
     root, _, _ = ran

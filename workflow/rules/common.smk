@@ -30,10 +30,12 @@ coerce_cli_strings(GRID, {k: v for k, v in (workflow.config_settings.config or {
 _USER_FILES = [f for f in workflow.overwrite_configfiles or []
                if os.path.abspath(f) != os.path.abspath("params/experiments.yaml")]
 if _USER_FILES:
-    from fedshift.experiments import check_overlays, deep_merge, load_yaml
+    from fedshift.experiments import check_grid_file, check_overlays, deep_merge, load_yaml
 
     _USER_DOCS = [load_yaml(_f) for _f in _USER_FILES]  # each file read once
-    try:  # an overlay (overlay_of) refuses to plan without the grid it adds to, before it
+    try:  # each file's shape (issue 51 A40); an overlay (overlay_of) refuses to plan without the grid it adds to
+        for _f, _doc in zip(_USER_FILES, _USER_DOCS):
+            check_grid_file(_doc, _f)
         check_overlays(_USER_FILES, _USER_DOCS)
     except ConfigError as exc:
         raise WorkflowError(f"fedshift: error: {exc}") from None
@@ -66,6 +68,10 @@ try:
     from fedshift.tune import plan_tune  # issue 36: the grid's tune block (rules/tune.smk), before the configs
 
     TUNE = plan_tune(GRID, PLAN)
+    # the data already built is the data this grid names (issue 51 R18): else one line, before any job
+    from fedshift.experiments import check_built_data
+
+    check_built_data([*PLAN.federate.values(), *PLAN.pretrain.values(), *TUNE.candidates.values()], DATA_PARAMS)
 except ConfigError as exc:
     raise WorkflowError(f"fedshift: error: {exc}") from None
 

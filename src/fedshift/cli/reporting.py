@@ -18,12 +18,12 @@ def cmd_collect(args) -> None:
 
 
 def cmd_report(args) -> None:
-    from ..config import safe_load_yaml
+    from ..config import read_yaml_file
     from ..report.report import make_report
 
-    report_cfg = safe_load_yaml(Path(args.config).read_text(), str(args.config)) if args.config else {}
+    report_cfg = (read_yaml_file(args.config) or {}) if args.config else {}  # one line if broken (issue 51 Q19)
     if args.archive:  # issue 52: the records the workflow read or left out (fedshift.report.records)
-        report_cfg = {**(report_cfg or {}), "archive": args.archive}
+        report_cfg = {**report_cfg, "archive": args.archive}
     make_report(Path(args.runs_csv), Path(args.out), report_cfg or {}, tracking=not args.no_tracking)
 
 
