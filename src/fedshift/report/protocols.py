@@ -122,11 +122,12 @@ def run_values(g: pd.DataFrame, scenario: str) -> Dict[str, Any]:
     out: Dict[str, Any] = {"rounds": int(g.groupby("seed")["round"].max().min()) if len(g) else None}
     out["local_epochs"] = _known(g["local_epochs"]) if "local_epochs" in g else None
     if "public_aug" in g:
-        out["public_aug"] = _known(g["public_aug"].fillna(""))
+        out["public_aug"] = _known(g["public_aug"])  # '' or nan: the run had no public set
         out["uses_public"] = bool(out["public_aug"])
     else:
         out["public_aug"], out["uses_public"] = None, None
-    out["test_protocol"] = _known(g["test_protocol"].fillna("clean")) if "test_protocol" in g else ["clean"]
+    out["test_protocol"] = (_known("clean" if pd.isna(v) or v == "" else v for v in g["test_protocol"])
+                            if "test_protocol" in g else ["clean"])  # absent = clean (the scenario key's default)
     out["models"] = ({p: a for p, a in zip(fed["participant"], fed["arch"]) if not pd.isna(a)}
                      if "arch" in fed else None)
     sizes = _known(g["image_size"]) if "image_size" in g else []
@@ -190,8 +191,9 @@ def method_differences(block: Mapping, ran: Mapping[str, Any], method: str, base
         if ran["models"] is None:
             out.append("models not recorded by the run")
         else:
-            wrong = [f"{p} {a} (the paper's {models.get(p, '?')})" for p, a in ran["models"].items()
-                     if models.get(p) != a]
+            order = list(models) + [p for p in ran["models"] if p not in models]  # the paper's participant order
+            wrong = [f"{p} {ran['models'].get(p, '?')} (the paper's {models.get(p, '?')})" for p in order
+                     if p in ran["models"] and models.get(p) != ran["models"][p]]
             if wrong:
                 out.append("models " + ", ".join(wrong))
     size = block.get("image_size")

@@ -36,6 +36,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 from typing import Iterable, Mapping, Optional, Sequence, Tuple
@@ -61,6 +62,7 @@ NO_VERDICT = "no verdict (proxy)"
 NO_MARGIN = "no margin: descriptive only"
 
 
+@functools.lru_cache(maxsize=None)
 def t_critical(n: int, confidence: float = CONFIDENCE) -> float:
     """Two-sided Student t quantile with n − 1 degrees of freedom (n = 3, 95%: 4.303)."""
     from scipy import stats
