@@ -200,8 +200,9 @@ def _gehan_text(u: int, pairs: int, p: float) -> str:
 
 def _check(claim: dict, lookup, scenario: str, metric: Optional[str] = None) -> Optional[dict]:
     """Evaluate a claim's pairs in one group; None when none of its pairs is present there. A rounds pair
-    whose reference never reached the target in any seed is *not evaluable* (nothing to be fewer than);
-    a challenger that never reached a target its reference reached fails. On our runs a rounds pair with
+    neither side of which reached the target in any seed is *not evaluable* (nothing to be fewer than);
+    a challenger that never reached a target its reference reached fails, and one that reached a target
+    its reference never reached holds. On our runs a rounds pair with
     per-seed values is decided by Gehan's generalised Wilcoxon (censoring-aware ranks, :func:`gehan`) and
     is CI-separated only when neither side's seeds disagree about reaching the target."""
     lower = bool(claim.get("lower_is_better", False)) or claim.get("kind") == "ratio"
@@ -218,9 +219,9 @@ def _check(claim: dict, lookup, scenario: str, metric: Optional[str] = None) -> 
         if va is None or vb is None or pd.isna(va.mean) or pd.isna(vb.mean):
             lines.append(f"{a} vs {b}: not evaluated ({a if va is None or pd.isna(va.mean) else b} absent)")
             continue
-        if rounds and _never_reached(vb):
+        if rounds and _never_reached(vb) and _never_reached(va):
             unreached.append(b)
-            lines.append(f"{a} vs {b}: not evaluable ({b} never reached {_target_text(metric)} in {vb.n} "
+            lines.append(f"{a} vs {b}: not evaluable (neither reached {_target_text(metric)}: {b} in {vb.n} "
                          f"seed{'s' if vb.n != 1 else ''}; {_fmt_term(a, va)})")
             continue
         done += 1

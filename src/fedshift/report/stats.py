@@ -167,7 +167,7 @@ def no_verdict_reason(half: float, n: int, res: Optional[float] = None) -> str:
         return f"n = {n} < {MIN_N}: too few seeds for a verdict"
     res = resolution(None) if res is None or pd.isna(res) else float(res)
     if half < res:
-        return (f"half-width {half:.2g} below the metric's resolution {res:.2g}: every seed gave the same number, "
+        return (f"half-width below the metric's resolution {res:.2g}: every seed gave the same number, "
                 "the spread is unmeasured")
     return ""
 
