@@ -397,6 +397,16 @@ def test_real_tiny_runs_end_to_end(tiny_data, tmp_path):
             assert row["delta"] == pytest.approx(row["ours"] - row["published"])
     md = (tmp_path / "rep/report.md").read_text()
     assert "fccl_plus Table XV: digits — PROXY: ours on rotmnist" in md
+    # issue 46: collect records what the protocol fingerprint and the resolution read, from each run's resolved
+    # config and its partition's manifest
+    collected = pd.read_csv(tmp_path / "runs.csv")
+    manifest = json.loads((Path(tiny_data) / "partitions/rotmnist/manifest.json").read_text())
+    sizes = {p: info["splits"]["test"]["n"] for p, info in manifest["participants"].items()}
+    assert all(json.loads(t) == sizes for t in collected["test_sizes"])
+    assert (collected["image_size"] == manifest["image_shape"][-1]).all() and (collected["test_protocol"] == "clean").all()
+    assert dict(collected.groupby("method")["public_aug"].first().fillna("")) == {"fedavg": "", "fedmd": "weak"}
+    avg = cells.loc[("fedavg", "inter/top1")]  # the AVG of inter accuracies: k^2 / sum(1 / n_j) images behind it
+    assert avg["resolution"] == pytest.approx(100 * sum(1 / n for n in sizes.values()) / len(sizes) ** 2)
 
 
 def test_delta_text_names_the_best_validation_selection_only_when_it_was_used():
