@@ -230,17 +230,18 @@ def _check(claim: dict, lookup, scenario: str, metric: Optional[str] = None) -> 
             seeds = []  # a censored seed has no difference to pair
         if len(seeds) >= 2:  # paired over seeds: the interval of the per-seed differences
             d, dh, dn = mean_ci([(vb.seeds[s] - va.seeds[s]) if lower else (va.seeds[s] - vb.seeds[s]) for s in seeds])
-            ok = _beats(d, 0.0, False, 1.0)
-            failed |= not ok
+            up = _beats(d, 0.0, False, 1.0)
+            failed |= not up
             can = not no_verdict_reason(dh, dn, max(va.resolution, vb.resolution))
-            separated &= ok and can and _beats(d - dh, 0.0, False, 1.0)
-            against |= (not ok) and can and _beats(0.0, d + dh, False, 1.0)
+            separated &= up and can and _beats(d - dh, 0.0, False, 1.0)
+            against |= (not up) and can and _beats(0.0, d + dh, False, 1.0)
             lines.append(f"{a} − {b} paired over seeds {', '.join(str(s) for s in seeds)}: "
                          f"Δ = {d:+.2f}{' (lower is better)' if lower else ''}, 95% CI [{d - dh:+.2f}, {d + dh:+.2f}] (n={dn}): "
-                         f"{'yes' if ok else 'NO'}")
+                         f"{'yes' if up else 'NO'}")
             continue
         oa, ob = (_observations(va), _observations(vb, factor)) if rounds else (None, None)
         gehan_line = ""
+        ok: Optional[bool]
         if oa and ob:  # censoring-aware ranks decide a rounds pair of ours
             u, p_fewer, p_more = gehan(oa, ob)
             ok = True if u > 0 else False if u < 0 else None
@@ -249,8 +250,8 @@ def _check(claim: dict, lookup, scenario: str, metric: Optional[str] = None) -> 
         elif rounds and va.n > 0 and vb.n > 0 and (_partly_censored(va) or _partly_censored(vb)):
             ok = None  # seeds that disagree about reaching, without their per-seed rounds: nothing to rank
         else:
-            ok = _pair(va, vb, lower, factor)
-            ok = None if ok is None else bool(ok)  # numpy bools are not the singletons `is` compares
+            pair = _pair(va, vb, lower, factor)
+            ok = None if pair is None else bool(pair)  # numpy bools are not the singletons `is` compares
         if ok is None:
             open_ += 1
         failed |= ok is False

@@ -3,7 +3,7 @@ schedules of a comparison side by side, and what the seeds' intervals cover."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Optional
 
 import pandas as pd
 
@@ -33,7 +33,7 @@ def _fmt_margin(r) -> str:
 
 
 def cells_markdown(cells: pd.DataFrame, title: str, schedule: str = "", margin_reason: str = "",
-                   not_comparable: Mapping[str, str] = ()) -> str:
+                   not_comparable: Optional[Mapping[str, str]] = None) -> str:
     """One section's cells. A proxy section (our stand-in scenario) opens with both schedules and has no
     verdict column: its numbers and Δ are shown, not judged. A section on the paper's data states how its
     margins were reached (``margin_reason``) and, where a method's runs differ from the table's protocol
@@ -52,9 +52,10 @@ def cells_markdown(cells: pd.DataFrame, title: str, schedule: str = "", margin_r
             if len(what) == 1:
                 lines += [f"**Not comparable** with the paper's protocol (params/papers/protocols.yaml): {what[0]} "
                           f"(no verdict for {', '.join(not_comparable)}).", ""]
-            else:
-                lines += ["**Not comparable** with the paper's protocol (params/papers/protocols.yaml), no verdict "
-                          "for: " + "; ".join(f"{m}: {d}" for m, d in not_comparable.items()) + ".", ""]
+            else:  # methods that differ alike, named together
+                by_text = {d: [m for m, x in not_comparable.items() if x == d] for d in dict.fromkeys(not_comparable.values())}
+                lines += ["**Not comparable** with the paper's protocol (params/papers/protocols.yaml), no verdict:", ""]
+                lines += [f"- {', '.join(ms)}: {d}" for d, ms in by_text.items()] + [""]
             if any(d.startswith("rounds") or "; rounds" in d for d in what) and schedule:
                 lines += [schedule, ""]
         if margin_reason:

@@ -97,17 +97,17 @@ def resolution(n_test: Optional[float]) -> float:
     return HIGH / float(n_test)
 
 
-def effective_images(sizes: Sequence[float], pooled: bool) -> float:
+def effective_images(sizes: Sequence[Optional[float]], pooled: bool) -> float:
     """The number of test images behind a number computed from several test sets: their sum when the
     images are pooled (FedH2L's CDP / ACC), else the effective size of an unweighted mean of per-set
     accuracies, k² / Σ 1/n_j (FCCL Eq. 22's inter, a table's AVG; equal sets give the sum). nan when a
     size is unknown."""
     if not sizes or any(s is None or pd.isna(s) or s <= 0 for s in sizes):
         return math.nan
-    sizes = [float(s) for s in sizes]
+    n = [float(s) for s in sizes if s is not None]
     if pooled:
-        return math.fsum(sizes)
-    return len(sizes) ** 2 / math.fsum(1.0 / s for s in sizes)
+        return math.fsum(n)
+    return len(n) ** 2 / math.fsum(1.0 / s for s in n)
 
 
 POOLED_METRICS = ("acc", "cdp")  # FedH2L: accuracy on the test images pooled (all nodes' / the other nodes')
@@ -234,11 +234,12 @@ def gehan(a: Sequence[Tuple[float, bool]], b: Sequence[Tuple[float, bool]], max_
     u = _gehan_u(a, b)
     if na == 0 or na == nt:
         return u, 1.0, 1.0
+    splits: Iterable[Tuple[int, ...]]
     if math.comb(nt, na) <= max_exact:
         splits = itertools.combinations(range(nt), na)
     else:
         rng = np.random.default_rng(0)
-        splits = (tuple(rng.choice(nt, na, replace=False)) for _ in range(100_000))
+        splits = (tuple(int(i) for i in rng.choice(nt, na, replace=False)) for _ in range(100_000))
     ge = le = total = 0
     for idx in splits:
         chosen = set(idx)
