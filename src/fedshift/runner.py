@@ -48,7 +48,7 @@ from .data.loading import load_federated
 from . import provenance
 from .engine import checkpoint, fused
 from .engine.config import EngineConfig, PretrainConfig, check_cuda, malloc_keep_mb
-from .engine.cpu import bf16_on, check_bf16, check_bf16_train, cpu_kind, set_trim, tune_allocator
+from .engine.cpu import bf16_on, check_bf16, check_bf16_train, kind_record, set_trim, tune_allocator
 from .engine.federation import Federation, derive_seeds, resolve_device, summarise
 from .engine.loop import FederateJob, Progress, RunLoop, device_note
 from .engine.sampling import check_engine
@@ -276,7 +276,8 @@ def eval_numerics(eng, device: torch.device, levers) -> Dict[str, Any]:
     bf16 autocast, folded BatchNorm, NHWC input and torch's version, so two runs' scores can be told
     apart when they come from machines of different kinds."""
     fold, channels_last = levers
-    return {"cpu_kind": cpu_kind() if device.type == "cpu" else device.type, "eval_bf16": bf16_on(eng.bf16, device),
+    kind = kind_record() if device.type == "cpu" else {"cpu_kind": device.type}
+    return {**kind, "eval_bf16": bf16_on(eng.bf16, device),
             "eval_fold_bn": bool(fold), "eval_channels_last": bool(channels_last), "torch": torch.__version__}
 
 
