@@ -81,7 +81,39 @@ def load_run(run_dir: Path) -> pd.DataFrame:
     # issue 52: where the numbers come from: a committed record (its folder) or a run folder (""), and the code
     df["record"] = str(run_dir) if is_record(run_dir) else ""
     df["code"] = code_of(run_dir)
+    for key, value in protocol_columns(cfg).items():  # the paper delta's protocol fingerprint (report/protocols.py)
+        df[key] = value
     return df
+
+
+def run_test_protocol(cfg: dict) -> str:
+    """The run's test protocol: the scenario key ``test_protocol`` its resolved config records (top level or
+    under ``scenario_params``), ``clean`` when absent."""
+    for where in (cfg, cfg.get("scenario_params") or {}):
+        if isinstance(where, dict) and where.get("test_protocol"):
+            return str(where["test_protocol"])
+    return "clean"
+
+
+def protocol_columns(cfg: dict) -> dict:
+    """What the paper delta compares with each published table's protocol, from a run's resolved config
+    and its partition's manifest: ``public_aug`` (engine.public_aug where the run had a public set, ''
+    where it had none), ``test_protocol``, ``image_size`` (the partition's image side) and ``test_sizes``
+    (JSON {participant: test images}: the resolution of the run's accuracies). Image size and test sizes
+    are left empty when the partition's manifest cannot be read."""
+    eng = cfg.get("engine") or {}
+    paths = cfg.get("paths") or {}
+    out = {"public_aug": str(eng.get("public_aug", "")) if paths.get("public") else "",
+           "test_protocol": run_test_protocol(cfg), "image_size": float("nan"), "test_sizes": ""}
+    try:
+        manifest = json.loads((Path(paths["partition"]) / "manifest.json").read_text())
+        out["image_size"] = int(manifest["image_shape"][-1])
+        out["test_sizes"] = json.dumps({name: int(info["splits"]["test"]["n"])
+                                        for name, info in manifest["participants"].items()
+                                        if "test" in info.get("splits", {})}, sort_keys=True)
+    except (KeyError, TypeError, ValueError, OSError):
+        pass
+    return out
 
 
 PRETRAIN_METHOD = "base_pretrain"
@@ -96,7 +128,8 @@ def pretrain_rows(fed_cfgs: Iterable[dict], pretrain_dirs: Iterable[Path]) -> pd
             d = d.parent
         cfg = _config(d)
         df = pd.read_csv(rounds_file(d)).assign(record=str(d) if is_record(d) else "", code=code_of(d))
-        last[(cfg["scenario"], cfg["participant"], cfg["arch"], int(cfg["seed"]))] = df[df["round"] == df["round"].max()]
+        df = df[df["round"] == df["round"].max()].assign(**protocol_columns(cfg))  # pretrain: no public set
+        last[(cfg["scenario"], cfg["participant"], cfg["arch"], int(cfg["seed"]))] = df
     frames, seen = [], set()
     for cfg, final_round in fed_cfgs:
         key = (cfg["scenario"], cfg["public"], cfg["structure"], int(cfg["seed"]))
@@ -150,7 +183,8 @@ def collect(run_dirs: Iterable[Path], out: Path, pretrain_dirs: Iterable[Path] =
         frames.append(pretrain_rows(cfgs, pretrain_dirs))
     df = pd.concat(frames, ignore_index=True)
     cols = ID_COLUMNS + ["round", "participant", "arch", "domain", "kind", "top1", "top5", "local_epochs", "data_seed", "protocol",
-                         "select", "selected_round", "tuned", "record", "code"]
+                         "select", "selected_round", "tuned", "public_aug", "test_protocol", "image_size", "test_sizes",
+                         "record", "code"]
     df = df.reindex(columns=list(dict.fromkeys(list(df.columns) + cols)))
     df = df[cols].sort_values(["scenario", "public", "structure", "method", "seed", "round", "participant", "domain"])
     atomic_write_text(Path(out), df.to_csv(index=False))
