@@ -337,32 +337,56 @@ def test_interval_sentence_says_what_was_redrawn():
     assert interval_coverage(_runs("office31")).startswith("every seed trained and was evaluated on one data draw")
 
 
-def test_protocol_refusal_and_statement(tmp_path):
-    from fedshift.report import paper_delta as pdl
-    from fedshift.report.published import COLUMNS, schedules
-    from fedshift.report.verdicts import protocol_differs, table_protocol
+def test_table_grids_record_the_test_set_their_runs_are_scored_on():
+    """fccl_plus_table8.yaml runs test_protocol: authors: its Office runs record `authors` and read the authors'
+    partitions; its Digits runs, tested on the clean test splits by the authors' code too, record nothing
+    (clean), as params/papers/protocols.yaml declares the two (issue 46's fingerprint compares them)."""
+    from fedshift.experiments import load_experiments, snakemake_config
+    from fedshift.report.protocols import load_protocols
 
-    sched = schedules()
-    assert table_protocol(sched, "fccl_plus_table8", "fccl_plus") == "authors"
-    assert table_protocol(sched, "fccl_table3", "fccl") == "authors"
-    assert table_protocol(sched, "fedh2l_table2", "fedh2l") == "clean"
-    assert table_protocol({}, "x", "y") == "clean"
+    grid = snakemake_config(ROOT / "params/papers/fccl_plus_table8.yaml")
+    plan = load_experiments(grid, ROOT / grid.pop("data_params"))
+    declared = load_protocols()["fccl_plus_table8"]["scenarios"]
+    for cfg in plan.federate.values():
+        assert cfg.get("test_protocol", "clean") == declared[cfg["scenario"]]["test_protocol"], cfg["run_name"]
+        authors = cfg["scenario"] != "digits"
+        assert cfg["paths"]["partition"].startswith("build/partitions_authors/" if authors else "build/partitions_seeded/")
+        assert cfg["data_draw"]["redrawn"] == ["private"] + (["public set"] if cfg["paths"]["public"] else [])
+
+
+def test_protocol_refusal_and_statement(tmp_path):
+    """A clean Office run beside an authors' table: its cells are not comparable (issue 46's fingerprint, fed by
+    the run's recorded test_protocol), and the section's title names both protocols; an authors run is not
+    refused for its test set."""
+    from fedshift.report import paper_delta as pdl
+    from fedshift.report.protocols import load_protocols, method_differences, run_values
+    from fedshift.report.published import COLUMNS
+
+    block = load_protocols()["fccl_plus_table8"]["scenarios"]["office31"]
     clean, authors = _runs("office31"), _runs("office31", "authors")
-    assert protocol_differs(clean, "fccl_plus_table8", "fccl_plus", "office31", "pp", "st", sched) == \
-        "not comparable: test protocol clean vs authors"
-    assert protocol_differs(authors, "fccl_plus_table8", "fccl_plus", "office31", "pp", "st", sched) == ""
-    assert protocol_differs(_runs("digits"), "fccl_plus_table8", "fccl_plus", "digits", "pp", "st", sched) == ""
+    assert "test protocol clean (the paper's authors)" in method_differences(block, run_values(clean, "office31"), "fedavg")
+    assert not any(d.startswith("test protocol")
+                   for d in method_differences(block, run_values(authors, "office31"), "fedavg"))
     pub = tmp_path / "published"
     pub.mkdir()
     pd.DataFrame([dict(paper="fccl_plus", table="VIII", scenario="office31", method=m, participant="avg",
                        metric="inter/top5", value="90.00", flag="", note="") for m in ("fedavg", "fedmd")],
                  columns=COLUMNS).to_csv(pub / "fccl_plus_table8.csv", index=False)
-    for runs, words in ((clean, "no verdict (not comparable: test protocol clean vs authors)"), (authors, "agrees w")):
-        out = tmp_path / f"out{len(words)}"
+    for runs, ours in ((clean, "clean"), (authors, "authors")):
+        out = tmp_path / ours
         out.mkdir()
-        md = "\n".join(pdl.delta_report(runs, {"published": ["fccl_plus_table8"], "margin": 5}, out, 3, pub))
+        md = "\n".join(pdl.delta_report(runs, {"published": ["fccl_plus_table8"]}, out, 3, pub))
         cells = pd.read_csv(out / "delta__fccl_plus_table8.csv")
         judged = cells[cells["published"].notna()]
-        assert judged["verdict"].str.startswith(words).all(), judged["verdict"].tolist()
-        assert f"test protocol: ours {runs['test_protocol'].iloc[0] if 'test_protocol' in runs else 'clean'}, " \
-               "the paper's authors" in md
+        refused = judged["verdict"].str.contains("test protocol clean (the paper's authors)", regex=False)
+        assert refused.all() if ours == "clean" else not refused.any(), judged["verdict"].tolist()
+        assert f"— test protocol: ours {ours}, the paper's authors" in md
+
+
+def test_every_results_table_states_its_test_protocol():
+    from fedshift.report.report import protocol_note
+
+    assert protocol_note(_runs("office31", "authors")).startswith(
+        "Test protocol: **authors** (the authors' code's test set: the whole domain folder, training images included")
+    assert protocol_note(_runs("office31")).startswith("Test protocol: **clean** (held-out test images")
+    assert protocol_note(_runs("office31").assign(test_protocol="")).startswith("Test protocol: **clean**")  # absent
