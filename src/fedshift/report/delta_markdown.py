@@ -7,9 +7,10 @@ from typing import Mapping
 
 import pandas as pd
 
-from .frames import participant_archs
+from .frames import data_draws, participant_archs
 from .published import BASE, BASE_PRETRAIN
 from .stats import DEFAULT_MARGIN, fmt_interval
+from .tables import Table, TableText
 
 
 def _fmt_ours(r) -> str:
@@ -82,17 +83,16 @@ def summary_markdown(summary: pd.DataFrame) -> str:
     return "\n".join(lines) + "\n"
 
 
-def claims_markdown(claims: pd.DataFrame) -> str:
-    lines = ["| claim | paper | where | verdict | numbers |", "|---|---|---|---|---|"]
+def claims_markdown(claims: pd.DataFrame) -> TableText:
+    rows = []
     for _, r in claims.iterrows():
         where = (f"{r['who']}: {r['scenario']}" if r["who"].startswith("paper") else
                  f"ours: {r['our_scenario']} / {r['public']} / {r['structure']}"
                  + (f" (proxy for {r['scenario']}: another schedule)" if r["proxy"] else ""))
         if r["claim_structure"]:
             where += f" [{r['claim_structure']} claim]"
-        lines.append(f"| {r['id']}: {r['claim']} | {r['paper']} | {where} | {r['verdict']} | {r['pairs']} pairs: "
-                     f"{r['numbers']} |")
-    return "\n".join(lines) + "\n"
+        rows.append([f"{r['id']}: {r['claim']}", r["paper"], where, r["verdict"], f"{r['pairs']} pairs: {r['numbers']}"])
+    return Table(["claim", "paper", "where", "verdict", "numbers"], rows, align="lllll").text()
 
 
 def schedule_note(runs: pd.DataFrame, source: str, paper: str, our_scenario: str, public: str, structure: str,
@@ -117,7 +117,7 @@ def schedule_note(runs: pd.DataFrame, source: str, paper: str, our_scenario: str
 def interval_coverage(runs: pd.DataFrame) -> str:
     """What the seeds' spread measures: training noise on one data draw (``data_seed: fixed``, every seed
     reads the same partition) or data draw + training (``data_seed: run``)."""
-    ds = set(runs["data_seed"].dropna().astype(str)) if "data_seed" in runs.columns else set()
+    ds = data_draws(runs)
     if ds == {"run"}:
         return ("each seed drew its own private/public/test subsets (`data_seed: run`, as the authors' code "
                 "does): the intervals cover data draw and training noise.")

@@ -60,7 +60,7 @@ import pandas as pd
 from ..errors import ConfigError
 from .claims import MEANS_ONLY, NOT_MEANS_ONLY, evaluate_claims, group_kinds, load_claims, table_margin
 from .delta_figures import delta_figure
-from .delta_markdown import cells_markdown, claims_markdown, interval_coverage, schedule_note, summary_markdown
+from .delta_markdown import cells_markdown, claims_markdown, schedule_note, summary_markdown
 from .frames import published_method_names, rename_published
 from .ours import aggregate, ours_long, value_source
 from .published import PublishedSpec, all_published, claims_path, load_published, published_inconsistencies, schedules
@@ -86,6 +86,8 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
     ``published_flags.csv`` into ``out_dir``; return the Markdown section."""
     out_dir = Path(out_dir)
     specs = [PublishedSpec.parse(e) for e in report_cfg.get("published", []) or []]
+    if not specs:  # a grid that reproduces no paper: no paper delta, and the papers' claims are not its own
+        return []
     scenario_map = dict(report_cfg.get("published_scenarios") or {})
     published = all_published(published_root)
     renamed = published_method_names(report_cfg)  # report.published_methods: our reading of a published row
@@ -99,7 +101,7 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
     md = ["## Paper delta", "",
           "Ours: mean over seeds ± the 95% confidence half-width (Student t, n − 1 degrees of freedom; n shown) of "
           f"{value_source(runs, last_k)}, rounded once; an interval beyond 0 or 100 is printed clipped as "
-          f"`mean [low, high]`. **What the intervals cover:** {interval_coverage(runs)} "
+          "`mean [low, high]`; what the intervals cover: the report's opening. "
           "Verdict against each table's margin (stated with its reason under the table's sections): **agrees "
           "within margin** when the 90% interval of Δ = ours − published lies inside ±margin (two one-sided t tests "
           "at 5%) and the 95% half-width is no wider than the margin; **differs** when the 95% interval of Δ lies "
@@ -133,7 +135,7 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
         all_cells.append(cells)
         cells.to_csv(out_dir / f"delta__{spec.name}.csv", index=False)
         title = f"{cells['table'].iloc[0]}: ours vs published" + (" (proxy: other schedule)" if cells["proxy"].any() else "")
-        delta_figure(cells, out_dir / f"delta__{spec.name}.png", title)
+        delta_figure(cells, out_dir / f"delta__{spec.name}.png", title, report_cfg.get("method_order"))
         md.append(f"![delta](delta__{spec.name}.png)\n")
     if all_cells:
         summary = summarize(pd.concat(all_cells, ignore_index=True))

@@ -120,7 +120,10 @@ def to_markdown(table: pd.DataFrame, targets: Sequence[float], title: str,
     return "\n".join(lines) + "\n"
 
 
-def curves_figure(g: pd.DataFrame, path: Path, title: str, targets: Sequence[float]) -> None:
+def curves_figure(g: pd.DataFrame, path: Path, title: str, targets: Sequence[float],
+                  methods: Optional[Sequence[str]] = None) -> None:
+    """Global test accuracy per round, one line per method (colours of the grid's method order ``methods``),
+    the targets dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -136,7 +139,7 @@ def curves_figure(g: pd.DataFrame, path: Path, title: str, targets: Sequence[flo
 
     from .palette import method_colours
 
-    sns.lineplot(data=d, x="round", y="top1", hue="method", hue_order=order, palette=method_colours(order),
+    sns.lineplot(data=d, x="round", y="top1", hue="method", hue_order=order, palette=method_colours(order, methods),
                  errorbar="sd" if d["seed"].nunique() > 1 else None, ax=ax)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for t in targets:
@@ -175,7 +178,8 @@ def rounds_report(df: pd.DataFrame, out_dir: Path, report_cfg: Mapping, last_k: 
         p = p[p["metric"].astype(str).str.startswith(("rounds_to/", "global/"))]
         md.append(to_markdown(table, targets, f"{scen} / public {pub} / {struct}", p))
         md += tuned_rounds_note(gg, report_cfg)  # issue 36: which rows ran at tuned values, by what budget
-        curves_figure(gg, Path(out_dir) / f"global_curves__{slug}.png", f"{scen} / {struct}", targets)
+        curves_figure(gg, Path(out_dir) / f"global_curves__{slug}.png", f"{scen} / {struct}", targets,
+                      report_cfg.get("method_order"))
         md.append(f"![global accuracy per round](global_curves__{slug}.png)\n")
     return md
 
