@@ -25,6 +25,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import pandas as pd
 
 from .frames import tuned_budget
+from .tables import Table, TableText
 
 BASELINE = "fedavg"
 GROUP = ["scenario", "public", "structure"]
@@ -90,7 +91,7 @@ def _fmt_rounds(v: float, reached: int, seeds: int) -> str:
 
 
 def to_markdown(table: pd.DataFrame, targets: Sequence[float], title: str,
-                published: Optional[pd.DataFrame] = None) -> str:
+                published: Optional[pd.DataFrame] = None) -> TableText:
     head = ["method"]
     for t in targets:
         head += [f"rounds to {100 * t:g}%", "reduce"]
@@ -98,7 +99,7 @@ def to_markdown(table: pd.DataFrame, targets: Sequence[float], title: str,
     has_pub = published is not None and len(published) > 0
     if has_pub:
         head += ["published (paper, table)"]
-    lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    rows = []
     for method, row in table.iterrows():
         cells = [str(method)]
         for t in targets:
@@ -116,8 +117,8 @@ def to_markdown(table: pd.DataFrame, targets: Sequence[float], title: str,
             pub = published[published["method"] == method]
             cells.append("; ".join(f"{r.metric} = {r.value:g} ({r.paper} {r.table})" for r in pub.itertuples())
                          or "-")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return Table(head, rows, title, align="l" + "r" * (len(head) - 1 - has_pub) + "l" * has_pub).text()
 
 
 def curves_figure(g: pd.DataFrame, path: Path, title: str, targets: Sequence[float],
