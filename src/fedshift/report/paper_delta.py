@@ -8,7 +8,8 @@ summarised), :mod:`.claims` (the papers' claims and the margin they imply), :mod
 
 * Published numbers are data: ``params/papers/published/<paper>_<table>.csv``, one row per
   printed cell (columns in :data:`fedshift.report.published.COLUMNS`, contract in that folder's README). A grid names the
-  tables it reproduces under ``report.published``; ``report.published_scenarios`` maps an
+  tables it reproduces under ``report.published`` (a grid that names none has no paper delta, and the
+  papers' claims are not judged on its runs: its own claims are ``report.claims``, :mod:`.grid_claims`); ``report.published_scenarios`` maps an
   offline stand-in scenario to the published one (``{digits_offline: digits}``), and every
   comparison through that mapping is labelled *proxy* and compares the AVG only (a stand-in's
   domains are not the paper's, even where a name such as ``mnist`` agrees).

@@ -1,17 +1,18 @@
 """Paper-style tables and figures from ``runs.csv``.
 
-* Tables shaped like FCCL+ Tables VIII (inter-domain, ``p→``) and IX (intra-domain,
-  ``p↩``): rows = methods, columns = each participant and AVG; the number is the mean
-  over the last ``last_k`` evaluated rounds (3 in the papers), averaged over seeds
-  (± standard deviation across seeds when there are several). Top-1 or top-5 per the
-  scenario's convention (the authors' code: top-1 on Digits/Office-Caltech, top-5 on
-  Office31/Office-Home).
-* Figures: accuracy per round per method, inter and intra, one PNG per
-  (scenario, public set, structure).
+* Inter-domain (``p→``) and intra-domain (``p↩``) tables, the layout of FCCL+ Tables VIII / IX: rows =
+  methods in the grid's order (``report.method_order``), columns = each participant and AVG; the number
+  is the mean over the last ``last_k`` evaluated rounds (3 in the papers), averaged over seeds (± the 95%
+  t half-width when there are several). Top-1 or top-5 per the scenario's convention (the authors' code:
+  top-1 on Digits/Office-Caltech, top-5 on Office31/Office-Home). Bold: :data:`BOLD_RULE`.
+* Figures: accuracy per round per method, inter and intra, one PNG per (scenario, public set,
+  structure); colours from the grid's method order (:mod:`.palette`).
 * Named tables from ``report.tables`` in the experiment config (ablation grids).
+* The grid's comparison (``report.reference`` / ``report.compare``, :mod:`.comparison`) and its own claims
+  (``report.claims``, :mod:`.grid_claims`); the paper delta where it names published tables.
 
-Everything lands in the output folder (written as a whole, atomically) and is logged
-to an MLflow run in the experiment ``report``.
+Every table goes through :mod:`.tables` (report.md, report.html, tables.tex). Everything lands in the
+output folder (written as a whole, atomically) and is logged to an MLflow run in the experiment ``report``.
 """
 
 from __future__ import annotations
