@@ -189,6 +189,12 @@ def _by_hand(runs: pd.DataFrame, method: str, kind: str) -> dict:
     return {int(s): 100 * float(g["top1"].mean()) for s, g in d.groupby("seed")}
 
 
+def _signed(x: float) -> str:
+    """How the report prints a signed number: two decimals, never "-0.00"."""
+    s = f"{x:+.2f}"
+    return "+0.00" if s == "-0.00" else s
+
+
 def _expected(tmp):
     runs = pd.read_csv(tmp / "runs.csv")
     out = []
@@ -217,7 +223,7 @@ def test_comparison_section_matches_a_hand_computation(tiny_n3):
                                                                                abs=1e-9)
         assert row["verdict"].startswith(e["verdict"])
         line = (f"| fedprox_adaptive − {e['ref']} | {e['metric']} | 3 | 0, 1, 2 | {e['a']:.2f} | {e['b']:.2f} | "
-                f"{e['delta']:+.2f} | [{e['low']:+.2f}, {e['high']:+.2f}] | {row['verdict']} |")
+                f"{_signed(e['delta'])} | [{_signed(e['low'])}, {_signed(e['high'])}] | {row['verdict']} |")
         assert line in md, line
     assert "The intervals cover training noise for one data draw" in md  # the tiny grid: data_seed fixed
     # the grid's own claim, judged on the same per-seed differences
@@ -246,7 +252,7 @@ def test_latex_tables_compile_and_show_the_same_numbers(tiny_n3, tmp_path):
                           text=True, check=True).stdout
     flat = re.sub(r"\s+", " ", text)
     for e in _expected(tiny_n3):
-        assert f"{e['delta']:+.2f} [{e['low']:+.2f}, {e['high']:+.2f}]" in flat, e
+        assert f"{_signed(e['delta'])} [{_signed(e['low'])}, {_signed(e['high'])}]" in flat, e
     # the main table's AVG cell of each method: mean ± t half-width over the three seeds, by hand
     runs = pd.read_csv(tiny_n3 / "runs.csv")
     for method in ("fedavg", "fedprox_adaptive", "fedmd"):

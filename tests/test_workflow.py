@@ -167,7 +167,7 @@ def test_html_report_carries_report_md_with_its_figures_and_says_what_the_pm_is(
     assert inner and "data:text/html;charset=" in html
     page = base64.b64decode(inner.group(1)).decode()
     assert page.count('<img src="data:image/png;base64,') >= 3 and "<h3>Inter-domain top1:" in page
-    assert "claims.csv" not in html and "Paper delta" not in page
+    assert "Paper delta" not in page and "filename=claims.html" not in html  # no paper delta, no papers' claims
     assert "95% confidence half-width" in html and "± the standard deviation" not in html
 
 

@@ -156,8 +156,13 @@ def _mean(v: Sequence[float]) -> float:
     return float(sum(v) / len(v)) if len(v) else math.nan
 
 
+def _signed(x: float) -> str:
+    """``+1.23`` / ``-0.41``; ``+0.00`` for what rounds to zero (never ``-0.00``)."""
+    return f"{round(x, 2) or 0.0:+.2f}"
+
+
 def _ci_text(r) -> str:
-    return "–" if pd.isna(r["half_width"]) else f"[{r['ci_low']:+.2f}, {r['ci_high']:+.2f}]"
+    return "–" if pd.isna(r["half_width"]) else f"[{_signed(r['ci_low'])}, {_signed(r['ci_high'])}]"
 
 
 def comparison_section(runs: pd.DataFrame, report_cfg: Mapping, out, last_k: int = 3) -> List[str]:
@@ -186,7 +191,7 @@ def comparison_section(runs: pd.DataFrame, report_cfg: Mapping, out, last_k: int
         return md + ["No group ran both sides of any pair.", ""]
     for key, g in frame.groupby(GROUP, sort=False):
         rows = [[f"{r['method']} − {r['reference']}", r["metric"], r["n"], r["seeds"].replace(" ", ", "),
-                 f"{r['method_mean']:.2f}", f"{r['reference_mean']:.2f}", f"{r['delta']:+.2f}", _ci_text(r),
+                 f"{r['method_mean']:.2f}", f"{r['reference_mean']:.2f}", _signed(r["delta"]), _ci_text(r),
                  r["verdict"]] for _, r in g.iterrows()]
         md += [Table(["comparison", "metric", "n", "seeds", "method", "reference", "Δ", "95% CI of Δ", "verdict"],
                      rows, f"Δ paired by seed: {key[0]} / public {key[1]} / {key[2]}", align="llrlrrrrl").text(),
