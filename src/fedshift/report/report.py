@@ -35,6 +35,7 @@ from .grid_claims import grid_claims_section
 from .h2l import h2l_section  # FedH2L Table II (ACC / WDP / CDP) when the runs wrote pooled rows
 from .html import write_views  # report.html (figures embedded), claims.html, tables.tex
 from .palette import method_colours
+from .records import records_section  # issue 52: which numbers come from committed records, and with which code
 from .paper_delta import delta_report  # published tables (report.published) and the papers' claims
 from .rounds import rounds_report
 from .stats import MIN_N, fmt_interval, half_width
@@ -230,6 +231,7 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
         md.extend(h2l_section(df, report_cfg, tmp, last_k))
         md += rounds_report(full, tmp, figure_cfg, last_k)
         md += report_figures(df, tmp, figure_cfg, last_k, tables=named)
+        md += records_section(report_cfg, full)
         (tmp / "report.md").write_text("\n".join(md))
         write_views(md, tmp, report_cfg.get("title", "fedshift report"))
         written = sorted(tmp.iterdir())
