@@ -169,7 +169,7 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
             label = f"{g['table'].iloc[0]}: {scen}" + (f" — PROXY: ours on {our}" if our != scen else "") + f" / {pubset} / {struct}"
             note = schedule_note(runs, spec.name, paper, our, pubset, struct, schedule_table)
             why = "" if proxy else margin_reason(block, std, g.loc[judged, "margin"], explicit)
-            md.append(cells_markdown(g, label, note, why, differ))
+            md += cells_markdown(g, label, note, why, differ)
         all_cells.append(cells)
         cells.to_csv(out_dir / f"delta__{spec.name}.csv", index=False)
         title = f"{cells['table'].iloc[0]}: ours vs published" + (" (proxy: other schedule)" if cells["proxy"].any() else "")

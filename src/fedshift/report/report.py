@@ -293,10 +293,8 @@ def tuned_section(report_cfg: Dict, out: Path) -> List[str]:
              "test data never seen. `val score`: the chosen candidate's; `diverged`: how many candidates' loss or "
              "weights became non-finite (never chosen); `scores`: every candidate's values and validation score (%), "
              "`diverged` in place of a score; `(tie of k: first listed)` after a chosen value: k candidates share the "
-             "best score and the first listed is taken (docs/tuning.md).", "",
-             "| scenario | public | method | structure | parameter | candidates | chosen | val score (%) | diverged | scores |",
-             "|---|---|---|---|---|---|---|---:|---|---|"]
-    edges = []
+             "best score and the first listed is taken (docs/tuning.md).", ""]
+    edges, rows = [], []
     for r in df.itertuples(index=False):
         chosen = f"{r.chosen}"
         if _on_edge(r.candidates, r.chosen):
@@ -306,8 +304,10 @@ def tuned_section(report_cfg: Dict, out: Path) -> List[str]:
         if len(tied) > 1:  # chosen by order among equal scores (often: all at chance)
             chosen += f" (tie of {len(tied)}: first listed)"
         div = (f"{r.diverged} of {r.n_candidates}" if "n_candidates" in df.columns else "")
-        lines.append(f"| {r.scenario} | {r.public} | {r.method} | {r.structure} | {r.parameter} | {r.candidates} | "
-                     f"{chosen} | {r.val_score:.2f} | {div} | {r.scores} |")
+        rows.append([r.scenario, r.public, r.method, r.structure, r.parameter, r.candidates, chosen,
+                     f"{r.val_score:.2f}", div, r.scores])
+    lines.append(Table(["scenario", "public", "method", "structure", "parameter", "candidates", "chosen",
+                        "val score (%)", "diverged", "scores"], rows, align="lllllllrll").text())
     if edges:
         lines += ["", f"**Chosen at the edge of its range** (the smallest or largest of more than two numeric "
                       f"candidates): {', '.join(edges)}. The best value may lie outside the range searched; "
