@@ -225,7 +225,8 @@ def test_comparison_section_matches_a_hand_computation(tiny_n3):
         line = (f"| fedprox_adaptive − {e['ref']} | {e['metric']} | 3 | 0, 1, 2 | {e['a']:.2f} | {e['b']:.2f} | "
                 f"{_signed(e['delta'])} | [{_signed(e['low'])}, {_signed(e['high'])}] | {row['verdict']} |")
         assert line in md, line
-    assert "The intervals cover training noise for one data draw" in md  # the tiny grid: data_seed fixed
+    section = md[md.index("## Comparison"):]  # the tiny grid's data_seed: fixed, said under the comparison too
+    assert "**What the intervals cover:** every seed trained and was evaluated on one data draw" in section
     # the grid's own claim, judged on the same per-seed differences
     claim = pd.read_csv(tiny_n3 / "rep/grid_claims.csv").iloc[0]
     e = next(x for x in _expected(tiny_n3) if x["ref"] == "fedavg" and x["metric"] == "inter/top1")

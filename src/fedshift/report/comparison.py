@@ -30,7 +30,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import pandas as pd
 
-from .frames import data_draws, topk
+from .delta_markdown import interval_coverage
+from .frames import topk
 from .ours import ours_long
 from .stats import MIN_N, mean_ci
 from .tables import Table
@@ -102,20 +103,6 @@ def comparison_pairs(report_cfg: Mapping, methods: Sequence[str]) -> List[Tuple[
     return list(dict.fromkeys(pairs))
 
 
-def interval_covers(g: pd.DataFrame) -> str:
-    """What a paired interval of one group covers, from its runs' ``engine.data_seed``."""
-    ds = data_draws(g)
-    if ds == {"run"}:
-        return ("data draws and training noise: seed k of both methods read the same draw k of the private, public "
-                "and test data, each seed its own (`data_seed: run`)")
-    if "run" in ds:
-        return ("mixed: some runs of this group redrew their data per seed (`data_seed: run`), others share one draw "
-                "(`data_seed: fixed`); runs.csv's data_seed column says which")
-    return ("training noise for one data draw: every seed of both methods read the same partition and test images "
-            "(`data_seed: fixed`), so the interval says how the difference moves with initialisation and batch "
-            "order, not with another draw of the data")
-
-
 def _metrics(long: pd.DataFrame, scenario: str) -> List[Tuple[str, str]]:
     """(participant, metric) rows compared in a group: the AVG of inter and intra at the scenario's top-k,
     and the server model's top-1 where evaluated."""
@@ -131,8 +118,8 @@ def compare_frame(runs: pd.DataFrame, pairs: Sequence[Tuple[str, str]], last_k: 
     long = ours_long(runs, last_k)
     rows = []
     for key, g in long.groupby(GROUP, sort=False):
-        covers = interval_covers(runs[(runs["scenario"] == key[0]) & (runs["public"] == key[1])
-                                      & (runs["structure"] == key[2])])
+        covers = interval_coverage(runs[(runs["scenario"] == key[0]) & (runs["public"] == key[1])
+                                        & (runs["structure"] == key[2])])
         for part, metric in _metrics(g, key[0]):
             sel = g[(g["participant"] == part) & (g["metric"] == metric)]
             per = {m: dict(zip(s["seed"].astype(int), s["value"])) for m, s in sel.groupby("method")}
@@ -195,7 +182,7 @@ def comparison_section(runs: pd.DataFrame, report_cfg: Mapping, out, last_k: int
                  r["verdict"]] for _, r in g.iterrows()]
         md += [Table(["comparison", "metric", "n", "seeds", "method", "reference", "Δ", "95% CI of Δ", "verdict"],
                      rows, f"Δ paired by seed: {key[0]} / public {key[1]} / {key[2]}", align="llrlrrrrl").text(),
-               f"The intervals cover {g['covers'].iloc[0]}.", ""]
+               f"**What the intervals cover:** {g['covers'].iloc[0]}", ""]
     missing = [f"{a} − {b}" for a, b in pairs if not ((frame["method"] == a) & (frame["reference"] == b)).any()]
     if missing:
         md += [f"Not compared (a side ran in no group with the other): {', '.join(missing)}.", ""]

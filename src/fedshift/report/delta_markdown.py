@@ -7,7 +7,7 @@ from typing import List, Mapping, Optional
 
 import pandas as pd
 
-from .frames import data_draws, participant_archs
+from .frames import participant_archs
 from .published import BASE, BASE_PRETRAIN
 from .stats import fmt_interval
 from .tables import Table, TableText
@@ -132,7 +132,7 @@ def schedule_note(runs: pd.DataFrame, source: str, paper: str, our_scenario: str
 def interval_coverage(runs: pd.DataFrame) -> str:
     """What the seeds' spread measures: training noise on one data draw (``data_seed: fixed``, every seed
     reads the same partition) or data draw + training (``data_seed: run``)."""
-    ds = data_draws(runs)
+    ds = set(runs["data_seed"].dropna().astype(str)) if "data_seed" in runs.columns else set()
     if ds == {"run"}:
         return ("each seed drew its own private/public/test subsets (`data_seed: run`, as the authors' code "
                 "does): the intervals cover data draw and training noise.")

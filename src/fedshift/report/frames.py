@@ -76,12 +76,6 @@ def tuned_budget(report_cfg: dict, sub: pd.DataFrame) -> str:
             f"selected by {t.get('metric')} on validation.")
 
 
-def data_draws(runs: pd.DataFrame) -> set:
-    """The runs' ``engine.data_seed`` values: {"fixed"} (every seed read one data draw), {"run"} (each seed
-    its own draw) or both; what a seeds' interval covers."""
-    return set(runs["data_seed"].dropna().astype(str)) if "data_seed" in runs.columns else set()
-
-
 def ordered(present, methods: Optional[Sequence[str]] = None) -> List[str]:
     """``present`` in the order of ``methods`` (the grid's), the rest after them, sorted."""
     present = list(present)
