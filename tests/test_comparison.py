@@ -98,6 +98,14 @@ def test_tables_bold_only_the_separated_best_and_never_below_three_seeds():
     assert "**" not in to_markdown(t2, "t", None, None, seed_table(two, "inter", "top1"))  # n = 2: never
 
 
+def test_what_the_paired_intervals_cover_follows_data_seed():
+    from fedshift.report.comparison import covers
+
+    assert covers(pd.DataFrame({"data_seed": ["fixed", "fixed"]})).startswith("training noise for one data draw")
+    assert covers(pd.DataFrame({"data_seed": ["run"]})).startswith("data draws and training noise")
+    assert covers(pd.DataFrame({"data_seed": ["run", "fixed"]})).startswith("mixed draws")
+
+
 def test_pairs_from_reference_and_compare():
     methods = ["fedavg", "fedavgm", "moon"]
     assert comparison_pairs({"reference": "fedavg"}, methods) == [("fedavgm", "fedavg"), ("moon", "fedavg")]
@@ -225,8 +233,7 @@ def test_comparison_section_matches_a_hand_computation(tiny_n3):
         line = (f"| fedprox_adaptive − {e['ref']} | {e['metric']} | 3 | 0, 1, 2 | {e['a']:.2f} | {e['b']:.2f} | "
                 f"{_signed(e['delta'])} | [{_signed(e['low'])}, {_signed(e['high'])}] | {row['verdict']} |")
         assert line in md, line
-    section = md[md.index("## Comparison"):]  # the tiny grid's data_seed: fixed, said under the comparison too
-    assert "**What the intervals cover:** every seed trained and was evaluated on one data draw" in section
+    assert "The intervals cover training noise for one data draw (`data_seed: fixed`" in md  # the tiny grid's
     # the grid's own claim, judged on the same per-seed differences
     claim = pd.read_csv(tiny_n3 / "rep/grid_claims.csv").iloc[0]
     e = next(x for x in _expected(tiny_n3) if x["ref"] == "fedavg" and x["metric"] == "inter/top1")

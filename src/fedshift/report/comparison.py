@@ -30,7 +30,6 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import pandas as pd
 
-from .delta_markdown import interval_coverage
 from .frames import topk
 from .ours import ours_long
 from .stats import MIN_N, mean_ci
@@ -103,6 +102,18 @@ def comparison_pairs(report_cfg: Mapping, methods: Sequence[str]) -> List[Tuple[
     return list(dict.fromkeys(pairs))
 
 
+# what a paired interval covers, by the runs' engine.data_seed (the report's opening says it at length)
+COVERS = {"fixed": "training noise for one data draw (`data_seed: fixed`: every seed of both methods read the same "
+                   "partition and test images)",
+          "run": "data draws and training noise (`data_seed: run`: seed k of both methods read draw k)"}
+
+
+def covers(runs: pd.DataFrame) -> str:
+    """What the paired intervals of one group's runs cover (:data:`COVERS`)."""
+    ds = sorted(set(runs["data_seed"].dropna().astype(str))) if "data_seed" in runs.columns else ["fixed"]
+    return COVERS.get(ds[0], "") if len(ds) == 1 else "mixed draws (runs.csv's data_seed column says which)"
+
+
 def _metrics(long: pd.DataFrame, scenario: str) -> List[Tuple[str, str]]:
     """(participant, metric) rows compared in a group: the AVG of inter and intra at the scenario's top-k,
     and the server model's top-1 where evaluated."""
@@ -118,8 +129,8 @@ def compare_frame(runs: pd.DataFrame, pairs: Sequence[Tuple[str, str]], last_k: 
     long = ours_long(runs, last_k)
     rows = []
     for key, g in long.groupby(GROUP, sort=False):
-        covers = interval_coverage(runs[(runs["scenario"] == key[0]) & (runs["public"] == key[1])
-                                        & (runs["structure"] == key[2])])
+        covered = covers(runs[(runs["scenario"] == key[0]) & (runs["public"] == key[1])
+                              & (runs["structure"] == key[2])])
         for part, metric in _metrics(g, key[0]):
             sel = g[(g["participant"] == part) & (g["metric"] == metric)]
             per = {m: dict(zip(s["seed"].astype(int), s["value"])) for m, s in sel.groupby("method")}
@@ -135,7 +146,7 @@ def compare_frame(runs: pd.DataFrame, pairs: Sequence[Tuple[str, str]], last_k: 
                                  ci_low=mean - half, ci_high=mean + half,
                                  verdict=delta_verdict(mean, half, n, deltas),
                                  per_seed_delta="; ".join(f"s{s}: {d:+.4f}" for s, d in zip(seeds, deltas)),
-                                 covers=covers))
+                                 covers=covered))
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -182,7 +193,7 @@ def comparison_section(runs: pd.DataFrame, report_cfg: Mapping, out, last_k: int
                  r["verdict"]] for _, r in g.iterrows()]
         md += [Table(["comparison", "metric", "n", "seeds", "method", "reference", "Δ", "95% CI of Δ", "verdict"],
                      rows, f"Δ paired by seed: {key[0]} / public {key[1]} / {key[2]}", align="llrlrrrrl").text(),
-               f"**What the intervals cover:** {g['covers'].iloc[0]}", ""]
+               f"The intervals cover {g['covers'].iloc[0]}.", ""]
     missing = [f"{a} − {b}" for a, b in pairs if not ((frame["method"] == a) & (frame["reference"] == b)).any()]
     if missing:
         md += [f"Not compared (a side ran in no group with the other): {', '.join(missing)}.", ""]
