@@ -11,6 +11,7 @@ that tables.tex compiles to."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import shutil
@@ -26,7 +27,7 @@ from fedshift.errors import ConfigError
 from fedshift.experiments import load_experiments
 from fedshift.report.comparison import (CONTAINS_ZERO, HIGHER, LOWER, SAME, comparison_pairs, delta_verdict,
                                         paired_delta, separated_best)
-from fedshift.report.report import headline_frame, paper_table, seed_table, to_markdown
+from fedshift.report.report import column_resolution, headline_frame, paper_table, seed_table, to_markdown
 from helpers import tiny_grid
 
 TINY_DATA = {"scenarios": {"rotmnist": {}}, "public": {"photo_patches": {}}}
@@ -54,11 +55,18 @@ def test_paired_delta_is_scipys_paired_t_interval():
     ([1.0, -1.2, 0.9], CONTAINS_ZERO),
     ([5.0, 6.0], "inconclusive: n = 2"),  # a clear gap, but two seeds carry no verdict
     ([0.0, 0.0, 0.0], SAME),  # the two methods computed the same numbers (issue 50: FedAvgM under eval_models local)
-    ([0.5, 0.5, 0.5], "inconclusive: zero-width interval (every seed gave the same Δ)"),
+    ([0.5, 0.5, 0.5], "inconclusive: every seed gave the same Δ (half-width below the metric's resolution)"),
+    # 10.73 % on each seed against 10.40 %: floating point leaves a half-width of ~1e-14, not a measured spread
+    ([10.73 - 10.4, 10.73 - 10.4, 10.73 - 10.4 + 1e-14], "inconclusive: every seed gave the same Δ (half-width "
+                                                          "below the metric's resolution)"),
+    ([1e-13, -1e-13, 0.0], SAME),  # the same numbers to floating-point noise
+    ([5.0, 5.0, 5.0], "inconclusive: every seed gave the same Δ (half-width below the metric's resolution)"),
+    ([2.0, 1.0, -2.0], SAME),  # within half a step of 5 points: the same numbers on every seed
 ])
 def test_delta_verdict(deltas, verdict):
     mean, half, n, _ = paired_delta(dict(enumerate(deltas)), dict.fromkeys(range(len(deltas)), 0.0))
-    assert delta_verdict(mean, half, n, deltas) == verdict
+    res = 5.0 if 5.0 in deltas or 2.0 in deltas else None  # 20 test images: an accuracy moves in steps of 5 points
+    assert delta_verdict(mean, half, n, deltas, res) == verdict
 
 
 def test_separated_best_needs_three_seeds_and_a_clear_interval():
@@ -73,6 +81,8 @@ def test_separated_best_needs_three_seeds_and_a_clear_interval():
     apart["b"] = {5: 10.0, 6: 11.0}
     assert separated_best(apart) is None
     assert separated_best({"a": {0: 1.0, 1: 2.0, 2: 3.0}}) is None  # one row: nothing to be separated from
+    same = {"a": {0: 60.0, 1: 70.0, 2: 80.0}, "b": {0: 59.0, 1: 69.0, 2: 79.0 + 1e-12}}
+    assert separated_best(same) is None  # +1 on every seed: a width of floating-point noise measures nothing
 
 
 def test_tables_bold_only_the_separated_best_and_never_below_three_seeds():
@@ -93,6 +103,10 @@ def test_tables_bold_only_the_separated_best_and_never_below_three_seeds():
     # p1: fedmd 8 points up: beats moon by +6, +6.8, +6.1 and fedavg by more: bold; AVG: fedmd − moon = +2, +4.8,
     # +2.1, interval [−0.98, +6.9]: no bold
     assert lines["fedmd"].split(" | ")[2].startswith("**") and md.count("**") == 2
+    # on 10 test images an accuracy moves in steps of 10 points: fedmd's +6 to +8 on p1 are not measured apart
+    coarse = column_resolution(pd.DataFrame({"test_sizes": ['{"p0": 10, "p1": 10}']}), "inter", "top1", table.columns)
+    assert coarse == {"p0→": 10.0, "p1→": 10.0, "AVG→": 5.0}
+    assert "**" not in to_markdown(table, "t", None, None, seed_table(head, "inter", "top1"), coarse)
     two = head[head["seed"] < 2]
     t2, _ = paper_table(two, "inter", "top1")
     assert "**" not in to_markdown(t2, "t", None, None, seed_table(two, "inter", "top1"))  # n = 2: never
@@ -205,6 +219,9 @@ def _signed(x: float) -> str:
 
 def _expected(tmp):
     runs = pd.read_csv(tmp / "runs.csv")
+    sizes = json.loads(runs["test_sizes"].dropna().iloc[0])  # {participant: test images}, from the partition
+    # an AVG is an unweighted mean of the participants' accuracies: it moves in steps of 100 / (k² / Σ 1/n_j)
+    res = 100 * sum(1 / n for n in sizes.values()) / len(sizes) ** 2
     out = []
     for ref, kind in itertools.product(("fedavg", "fedmd"), ("inter", "intra")):
         a, b = _by_hand(runs, "fedprox_adaptive", kind), _by_hand(runs, ref, kind)
@@ -213,8 +230,8 @@ def _expected(tmp):
         ci = stats.ttest_rel(x, y).confidence_interval(0.95)
         half = stats.t.ppf(0.975, 2) * d.std(ddof=1) / np.sqrt(3)
         assert (d.mean() - half, d.mean() + half) == pytest.approx((ci.low, ci.high), abs=1e-9)  # two roads agree
-        verdict = ("no difference" if not d.any() else HIGHER if ci.low > 0 else LOWER if ci.high < 0
-                   else CONTAINS_ZERO)
+        verdict = ("no difference" if (np.abs(d) < res / 2).all() else "inconclusive: every seed gave the same"
+                   if half < res else HIGHER if ci.low > 0 else LOWER if ci.high < 0 else CONTAINS_ZERO)
         out.append(dict(ref=ref, metric=f"{kind}/top1", a=np.mean(x), b=np.mean(y), delta=d.mean(), low=ci.low,
                         high=ci.high, verdict=verdict))
     return out

@@ -13,8 +13,9 @@ seed s both ran (seeds only one side ran are left out, and the row says which we
 mean Δ, its two-sided 95 % Student t interval (n − 1 degrees of freedom) and n. The verdict
 (:func:`delta_verdict`) is *higher* / *lower* only where n ≥ :data:`~fedshift.report.stats.MIN_N` and
 the interval excludes 0; otherwise *inconclusive*, saying why (``n = 2``, ``interval contains 0``, a
-zero-width interval), or *no difference* when every seed gave Δ = 0 (the two methods computed the same
-numbers). Pairing removes what the two methods share on a seed (its data draw, its evaluation images,
+half-width below the metric's resolution, 100 / the test images behind the number, as the paper delta's
+verdicts require), or *no difference* when every seed gave Δ = 0 to that resolution (the two methods
+computed the same numbers). Pairing removes what the two methods share on a seed (its data draw, its evaluation images,
 and with one seed per initialisation its starting weights), so a paired interval is narrower than the
 two per-method intervals side by side whenever the seeds move both methods alike.
 
@@ -32,7 +33,7 @@ import pandas as pd
 
 from .frames import topk
 from .ours import ours_long
-from .stats import MIN_N, mean_ci
+from .stats import MIN_N, mean_ci, resolution
 from .tables import Table
 
 HIGHER, LOWER = "higher (interval above 0)", "lower (interval below 0)"
@@ -50,14 +51,18 @@ def paired_delta(a: Mapping[int, float], b: Mapping[int, float]) -> Tuple[float,
     return mean, half, n, seeds
 
 
-def delta_verdict(mean: float, half: float, n: int, deltas: Sequence[float] = ()) -> str:
-    """higher / lower where n ≥ MIN_N and the 95 % interval excludes 0; else why not (module docstring)."""
+def delta_verdict(mean: float, half: float, n: int, deltas: Sequence[float] = (), res: Optional[float] = None) -> str:
+    """higher / lower where n ≥ MIN_N and the 95 % interval excludes 0; else why not (module docstring).
+    ``res``: the metric's resolution (:func:`fedshift.report.stats.resolution`, None: its fallback): every
+    seed's Δ within half of it is *no difference*; a half-width below it carries no verdict (every seed
+    gave the same Δ: the spread is unmeasured, not zero)."""
+    res = resolution(None) if res is None or pd.isna(res) else float(res)
     if n < MIN_N:
         return f"inconclusive: n = {n}"
-    if deltas and all(d == 0 for d in deltas):
+    if deltas and all(abs(d) < res / 2 for d in deltas):
         return SAME
-    if not half > 0:
-        return "inconclusive: zero-width interval (every seed gave the same Δ)"
+    if half < res:
+        return "inconclusive: every seed gave the same Δ (half-width below the metric's resolution)"
     if mean - half > 0:
         return HIGHER
     if mean + half < 0:
@@ -65,11 +70,13 @@ def delta_verdict(mean: float, half: float, n: int, deltas: Sequence[float] = ()
     return CONTAINS_ZERO
 
 
-def separated_best(values: Mapping[str, Mapping[int, float]]) -> Optional[str]:
+def separated_best(values: Mapping[str, Mapping[int, float]], res: Optional[float] = None) -> Optional[str]:
     """The row whose mean is the largest, when it is separated from every other row: n ≥ MIN_N seeds in
     common and the paired 95 % interval of the difference above 0, or (fewer seeds in common) both rows
-    with n ≥ MIN_N and a non-zero width, and the best's interval wholly above the other's. None when no
+    with n ≥ MIN_N, and the best's interval wholly above the other's; every interval at least the metric's
+    resolution ``res`` wide (narrower: the seeds gave one number, the spread is unmeasured). None when no
     row is (a tie, a row with fewer seeds, overlapping intervals)."""
+    res = resolution(None) if res is None or pd.isna(res) else float(res)
     stats = {m: mean_ci(list(v.values())) for m, v in values.items() if len(v)}
     if len(stats) < 2:
         return None
@@ -79,11 +86,11 @@ def separated_best(values: Mapping[str, Mapping[int, float]]) -> Optional[str]:
             continue
         mean, half, n, _ = paired_delta(values[best], values[other])
         if n >= MIN_N:
-            if not (half > 0 and mean - half > 0):
+            if not (half >= res and mean - half > 0):
                 return None
             continue
         (mb, hb, nb), (mo, ho, no) = stats[best], stats[other]
-        if min(nb, no) < MIN_N or not (hb > 0 and ho > 0) or mb - hb <= mo + ho:
+        if min(nb, no) < MIN_N or not (hb >= res and ho >= res) or mb - hb <= mo + ho:
             return None
     return best
 
@@ -134,6 +141,7 @@ def compare_frame(runs: pd.DataFrame, pairs: Sequence[Tuple[str, str]], last_k: 
         for part, metric in _metrics(g, key[0]):
             sel = g[(g["participant"] == part) & (g["metric"] == metric)]
             per = {m: dict(zip(s["seed"].astype(int), s["value"])) for m, s in sel.groupby("method")}
+            res = sel["resolution"].max() if "resolution" in sel.columns else None  # the coarsest seed's
             for a, b in pairs:
                 if a not in per or b not in per:
                     continue
@@ -144,7 +152,7 @@ def compare_frame(runs: pd.DataFrame, pairs: Sequence[Tuple[str, str]], last_k: 
                                  method_mean=_mean([per[a][s] for s in seeds]),
                                  reference_mean=_mean([per[b][s] for s in seeds]), delta=mean, half_width=half,
                                  ci_low=mean - half, ci_high=mean + half,
-                                 verdict=delta_verdict(mean, half, n, deltas),
+                                 verdict=delta_verdict(mean, half, n, deltas, res),
                                  per_seed_delta="; ".join(f"s{s}: {d:+.4f}" for s, d in zip(seeds, deltas)),
                                  covers=covered))
     return pd.DataFrame(rows, columns=COLUMNS)
@@ -200,12 +208,12 @@ def comparison_section(runs: pd.DataFrame, report_cfg: Mapping, out, last_k: int
     return md
 
 
-def separated_cells(per_seed: pd.DataFrame) -> Dict[str, Optional[str]]:
+def separated_cells(per_seed: pd.DataFrame, res: Optional[Mapping[str, float]] = None) -> Dict[str, Optional[str]]:
     """column -> the row :func:`separated_best` bolds (None: no bold), from a per-seed table (index
-    (method, seed), one column per table column)."""
+    (method, seed), one column per table column); ``res``: column -> its resolution (default the fallback)."""
     out: Dict[str, Optional[str]] = {}
     for col in per_seed.columns:
         values = {m: {int(s): float(v) for s, v in g.droplevel(0)[col].dropna().items()}
                   for m, g in per_seed.groupby(level=0, sort=False)}
-        out[col] = separated_best(values)
+        out[col] = separated_best(values, (res or {}).get(col))
     return out

@@ -38,7 +38,8 @@ from .palette import method_colours
 from .records import records_section  # issue 52: which numbers come from committed records, and with which code
 from .paper_delta import delta_report  # published tables (report.published) and the papers' claims
 from .rounds import rounds_report
-from .stats import MIN_N, fmt_interval, half_width
+from .ours import parse_sizes
+from .stats import MIN_N, fmt_interval, half_width, images_behind, resolution
 from .tables import Cell, Table, TableText
 
 
@@ -89,17 +90,19 @@ def _header(col: str, archs: Optional[Dict[str, str]]) -> str:
 
 BOLD_RULE = (f"**Bold**: the column's best mean, only where it is separated from every other row: with at least "
              f"{MIN_N} seeds in common, the 95% interval of the per-seed difference lies above 0 (paired t); with "
-             f"fewer in common, both rows have n ≥ {MIN_N} and their 95% intervals do not overlap. Never below "
-             f"{MIN_N} seeds.")
+             f"fewer in common, both rows have n ≥ {MIN_N} and their 95% intervals do not overlap; an interval "
+             "narrower than the metric's resolution (100 / the test images behind the column) separates nothing. "
+             f"Never below {MIN_N} seeds.")
 
 
 def to_markdown(table: pd.DataFrame, title: str, std: Optional[pd.DataFrame] = None,
-                archs: Optional[Dict[str, str]] = None, per_seed: Optional[pd.DataFrame] = None) -> TableText:
+                archs: Optional[Dict[str, str]] = None, per_seed: Optional[pd.DataFrame] = None,
+                res: Optional[Dict[str, float]] = None) -> TableText:
     """``std`` here is the 95% half-width table (:func:`ci_table`): ``mean ± half`` (``mean [lo, hi]``
     where the interval is clipped to [0, 100]); bold where :data:`BOLD_RULE` holds, from ``per_seed``
-    (:func:`seed_table`; none without it)."""
+    (:func:`seed_table`; none without it) and each column's resolution ``res`` (:func:`column_resolution`)."""
     cols = [c for c in table.columns if c != "seeds"]
-    bold = separated_cells(per_seed[cols].loc[list(table.index)]) if per_seed is not None else {}
+    bold = separated_cells(per_seed[cols].loc[list(table.index)], res) if per_seed is not None else {}
     rows = []
     for method, row in table.iterrows():
         k = int(row["seeds"])
@@ -107,6 +110,17 @@ def to_markdown(table: pd.DataFrame, title: str, std: Optional[pd.DataFrame] = N
                       bold.get(c) == method) for c in cols]
         rows.append([method, *cells, k])
     return Table(["method"] + [_header(c, archs) for c in cols] + ["seeds"], rows, title).text()
+
+
+def column_resolution(runs: pd.DataFrame, kind: str, metric: str, columns) -> Dict[str, float]:
+    """column (``m20→``, ``AVG↩``) -> the step its accuracy moves by, 100 / the test images behind it, from
+    the runs' recorded test sizes (none recorded: {}, the fallback)."""
+    recorded = runs["test_sizes"].dropna() if "test_sizes" in runs.columns else pd.Series(dtype=str)
+    sizes = parse_sizes(recorded.iloc[0]) if len(recorded) else {}
+    if not sizes:
+        return {}
+    return {c: resolution(images_behind(f"{kind}/{metric}", "avg" if c.startswith("AVG") else c.rstrip("→↩"), sizes))
+            for c in columns if c != "seeds"}
 
 
 def curves_figure(df: pd.DataFrame, path: Path, title: str, methods: Optional[List[str]] = None) -> None:
@@ -260,7 +274,8 @@ def results_tables(head: pd.DataFrame, runs: pd.DataFrame, where: str, methods: 
             sd.to_csv(out / f"std_table_{kind}__{slug}.csv")  # std over seeds, same layout
             ci.to_csv(out / f"ci_table_{kind}__{slug}.csv")  # 95% CI half-width, same layout
         name = f"{title} ({kind}, {metric})" if title else f"{label} {metric}"
-        md.append(to_markdown(t, f"{name}: {where}", ci, archs, seed_table(head, kind, metric)))
+        md.append(to_markdown(t, f"{name}: {where}", ci, archs, seed_table(head, kind, metric),
+                              column_resolution(runs, kind, metric, t.columns)))
         if kind == "inter" and not title:
             md += mixed_protocols(runs)
         if both is not None:
