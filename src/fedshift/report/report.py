@@ -97,19 +97,24 @@ BOLD_RULE = (f"**Bold**: the column's best mean, only where it is separated from
 
 def to_markdown(table: pd.DataFrame, title: str, std: Optional[pd.DataFrame] = None,
                 archs: Optional[Dict[str, str]] = None, per_seed: Optional[pd.DataFrame] = None,
-                res: Optional[Dict[str, float]] = None) -> TableText:
+                res: Optional[Dict[str, float]] = None, tuned: Optional[Dict[str, str]] = None) -> TableText:
     """``std`` here is the 95% half-width table (:func:`ci_table`): ``mean ± half`` (``mean [lo, hi]``
     where the interval is clipped to [0, 100]); bold where :data:`BOLD_RULE` holds, from ``per_seed``
-    (:func:`seed_table`; none without it) and each column's resolution ``res`` (:func:`column_resolution`)."""
+    (:func:`seed_table`; none without it) and each column's resolution ``res`` (:func:`column_resolution`).
+    ``tuned``: method -> the values its tune chose (``lr=0.003 beta=0.9``): a last column ``tuned`` when a
+    row of the table was tuned (``no`` on the others)."""
     cols = [c for c in table.columns if c != "seeds"]
     bold = separated_cells(per_seed[cols].loc[list(table.index)], res) if per_seed is not None else {}
+    tuned = {m: v for m, v in (tuned or {}).items() if m in table.index}
+    mark = any(tuned.values())
     rows = []
     for method, row in table.iterrows():
         k = int(row["seeds"])
         cells = [Cell(fmt_interval(row[c], std.loc[method, c] if std is not None else float("nan"), k),
                       bold.get(c) == method) for c in cols]
-        rows.append([method, *cells, k])
-    return Table(["method"] + [_header(c, archs) for c in cols] + ["seeds"], rows, title).text()
+        rows.append([method, *cells, k] + ([tuned.get(method) or "no"] if mark else []))
+    head = ["method"] + [_header(c, archs) for c in cols] + ["seeds"] + (["tuned"] if mark else [])
+    return Table(head, rows, title, align="l" + "r" * (len(cols) + 1) + "l" * mark).text()
 
 
 def column_resolution(runs: pd.DataFrame, kind: str, metric: str, columns) -> Dict[str, float]:

@@ -91,11 +91,15 @@ def _fmt_rounds(v: float, reached: int, seeds: int) -> str:
 
 
 def to_markdown(table: pd.DataFrame, targets: Sequence[float], title: str,
-                published: Optional[pd.DataFrame] = None) -> TableText:
+                published: Optional[pd.DataFrame] = None, tuned: Optional[Dict[str, str]] = None) -> TableText:
+    """``tuned``: method -> its tune's chosen values: a ``tuned`` column when a row was (``no`` on the others)."""
     head = ["method"]
     for t in targets:
         head += [f"rounds to {100 * t:g}%", "reduce"]
     head += ["final top-1 (%)", "seeds"]
+    mark = any((tuned or {}).get(m) for m in table.index)
+    if mark:
+        head += ["tuned"]
     has_pub = published is not None and len(published) > 0
     if has_pub:
         head += ["published (paper, table)"]
@@ -113,12 +117,13 @@ def to_markdown(table: pd.DataFrame, targets: Sequence[float], title: str,
             else:
                 cells.append("-" if red != red or censored else f"{red:.1f}%")  # no reduction from a lower bound
         cells += [f"{row['global/top1']:.2f}", str(int(row["seeds"]))]
+        cells += [(tuned or {}).get(method) or "no"] if mark else []
         if has_pub:
             pub = published[published["method"] == method]
             cells.append("; ".join(f"{r.metric} = {r.value:g} ({r.paper} {r.table})" for r in pub.itertuples())
                          or "-")
         rows.append(cells)
-    return Table(head, rows, title, align="l" + "r" * (len(head) - 1 - has_pub) + "l" * has_pub).text()
+    return Table(head, rows, title, align="l" + "r" * (len(head) - 1 - mark - has_pub) + "l" * (mark + has_pub)).text()
 
 
 def curves_figure(g: pd.DataFrame, path: Path, title: str, targets: Sequence[float],
