@@ -154,15 +154,22 @@ def test_every_run_folder_records_the_current_manifests(ran):
         assert run.data.tags["git.commit"] == code["commit"] + ("-dirty" if code["dirty"] else "")
 
 
-def test_html_report_carries_report_md_claims_and_says_what_the_pm_is(ran):
-    """`snakemake --report` bundles report.md and the claims as their own items; its captions say the
-    ± is a 95% CI (not a standard deviation)."""
+def test_html_report_carries_report_md_with_its_figures_and_says_what_the_pm_is(ran):
+    """`snakemake --report` bundles report.md as its own item and report.html inline, the figures inside it
+    (issue 50: a data-URI page cannot reach the PNGs beside it); its captions say the ± is a 95% CI (not a
+    standard deviation). The tiny grid names no published table: no paper delta, no papers' claims."""
+    import base64
+    import re
+
     root, _, _ = ran
     run("snakemake --report report.html", root)
     html = (root / "report.html").read_text(errors="replace")
-    assert "report.md" in html and "claims.csv" in html
-    for name in ("report.html", "claims.html"):  # shown inline (eye icon), not offered as a download
-        assert f"filename={name};base64," in html and f"data:text/html;charset=" in html, name
+    assert "report.md" in html and "tables.tex" in html
+    inner = re.search(r"filename=report\.html;base64,([A-Za-z0-9+/=]+)", html)  # shown inline (eye icon)
+    assert inner and "data:text/html;charset=" in html
+    page = base64.b64decode(inner.group(1)).decode()
+    assert page.count('<img src="data:image/png;base64,') >= 3 and "<h3>Inter-domain top1:" in page
+    assert "Paper delta" not in page and "filename=claims.html" not in html  # no paper delta, no papers' claims
     assert "95% confidence half-width" in html and "± the standard deviation" not in html
 
 
@@ -171,7 +178,8 @@ def test_user_grid_reports_only_its_own_report_block(ran):
     own = dict(TINY_GRID, report={"name": "mine"})
     (root / "user.yaml").write_text(yaml.safe_dump(own))
     run("snakemake -n --cores 1 --configfile user.yaml", root)
-    assert yaml.safe_load((root / "results/configs/report-mine.yaml").read_text()) == {"name": "mine"}  # no title
+    mine = yaml.safe_load((root / "results/configs/report-mine.yaml").read_text())
+    assert mine == {"name": "mine", "method_order": TINY_GRID["grid"][0]["methods"]}  # no title
 
 
 def test_hyperparameter_change_reruns_only_affected_jobs(ran):

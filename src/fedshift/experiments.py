@@ -411,7 +411,7 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
         METHODS.get(v["method"], key=f"variants.{vname}.method")
     for mname in exp.get("methods") or {}:
         METHODS.get(mname, key="methods")
-    plan = Plan(report=exp.get("report") or {}, build=build)
+    plan = Plan(report=dict(exp.get("report") or {}), build=build)  # the grid's block stays as written; the plan adds to its copy
     for b, block in enumerate(exp["grid"]):
         where = f"grid[{b}]"
         for s in block["scenarios"]:
@@ -550,7 +550,32 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
     from .report.frames import published_method_names
 
     published_method_names(exp.get("report"))  # two of ours onto one published row: refused before any job
+    check_comparison(exp.get("report") or {}, ran, {j.scenario for j in plan.federate})
+    # the grid's methods in its order: the report's table rows and figure colours (report/palette.py)
+    plan.report["method_order"] = list(dict.fromkeys(j.method for j in plan.federate))
     return plan
+
+
+def check_comparison(report: Mapping, ran, scenarios) -> None:
+    """``report.reference``, ``report.compare`` and the terms of ``report.claims`` name methods the grid runs
+    (one-line error with did-you-mean and the valid names), before any job starts."""
+    import difflib
+
+    from .report.grid_claims import check_grid_claims
+
+    valid = sorted(ran)
+    cmp = report.get("compare") or {}
+    named = [("report.reference", report.get("reference")), ("report.compare.method", cmp.get("method"))]
+    named += [("report.compare.against", m) for m in cmp.get("against") or []]
+    for key, name in named:
+        if name is not None and name not in ran:
+            close = difflib.get_close_matches(str(name), valid, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{key}: {name!r} is not run by the grid{hint}; valid: {', '.join(valid)}")
+    if cmp.get("method") is not None and cmp["method"] in (cmp.get("against") or []):
+        raise ConfigError(f"report.compare.against: {cmp['method']!r} is the compared method itself; list its "
+                          "baselines")
+    check_grid_claims(report, ran, scenarios)
 
 
 def _drawn_with(folder: Path) -> Tuple[Optional[int], Optional[str]]:
