@@ -320,7 +320,8 @@ def test_kill9_then_data_change_then_rerun_starts_afresh(ran):
 
 def test_data_seed_run_redraws_each_seeds_partition(ran):
     """engine.data_seed: run (issue 34 item 3): seeds 0 and 1 train on different private subsets, drawn by
-    the partition_seed rule with the run seed; the runs read them and the report says what its intervals cover."""
+    the partition_seed rule with the run seed, and on different public subsets (public_seed rule, issue 47);
+    the runs read them and the report says what its intervals cover, from what the seeds redrew."""
     import hashlib
     import json
 
@@ -328,7 +329,7 @@ def test_data_seed_run_redraws_each_seeds_partition(ran):
 
     root, _, _ = ran
     grid = dict(TINY_GRID, engine=dict(TINY_GRID["engine"], rounds=1, data_seed="run"),
-                grid=[{"name": "ds", "scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": ["fedavg"],
+                grid=[{"name": "ds", "scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": ["fedmd"],
                        "structures": ["homo_lenet"], "seeds": [0, 1]}], report={"name": "ds", "title": "ds"})
     (root / "ds.yaml").write_text(yaml.safe_dump(grid))
     run("FEDSHIFT_TRACKING=none snakemake --cores 2 --configfile ds.yaml", root)
@@ -339,11 +340,15 @@ def test_data_seed_run_redraws_each_seeds_partition(ran):
     idx = [np.load(m.parent / "m0/private_index.npy") for m in man]
     assert not np.array_equal(np.sort(idx[0]), np.sort(idx[1]))  # another private subset, not another order
     for k in (0, 1):
-        cfg = yaml.safe_load((root / f"results/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed{k}/config.yaml")
+        cfg = yaml.safe_load((root / f"results/federate/rotmnist/photo_patches/fedmd/homo_lenet/seed{k}/config.yaml")
                              .read_text())
         assert cfg["paths"]["partition"].endswith(f"partitions_seeded/rotmnist/seed{k}")
+        assert cfg["paths"]["public"].endswith(f"public_seeded/photo_patches/seed{k}")  # issue 47: the public subset too
+    pub = [np.load(root / f"build/public_seeded/photo_patches/seed{k}/train_index.npy") for k in (0, 1)]
+    assert not np.array_equal(pub[0], pub[1])
     report = (root / "results/ablations/ds/report/report.md").read_text()
-    assert "each seed drew its own private/public/test subsets (`data_seed: run`" in report
+    assert ("each seed drew its own private subsets, labeled public seed sets, validation sets, test sets and public "
+            "subset (`data_seed: run`): the intervals cover that draw and training noise.") in report
     assert set(pd.read_csv(root / "results/ablations/ds/collect/runs.csv")["data_seed"]) == {"run"}
     assert "Nothing to be done" in run("snakemake -n --cores 1 --configfile ds.yaml", root).stdout
 

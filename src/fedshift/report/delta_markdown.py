@@ -129,16 +129,37 @@ def schedule_note(runs: pd.DataFrame, source: str, paper: str, our_scenario: str
             f"{theirs.get('local_epochs', '?')}, models {theirs.get('models', '?')} ({theirs.get('source', '')}).")
 
 
+# What a seed's redraw covers (the runs' `data_draw.redrawn`, fedshift.experiments.data_draw): the words
+# the report prints for each redrawn split, in this order.
+REDRAWN_WORDS = {"private": "private subsets", "public": "labeled public seed sets", "val": "validation sets",
+                 "test": "test sets", "partition": "partitions (every split)", "public set": "public subset"}
+
+
+def _listing(words: List[str]) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
 def interval_coverage(runs: pd.DataFrame) -> str:
     """What the seeds' spread measures: training noise on one data draw (``data_seed: fixed``, every seed
-    reads the same partition) or data draw + training (``data_seed: run``)."""
+    reads the same partition) or data draw + training (``data_seed: run``), said from what the runs' seeds
+    actually redrew (their configs' ``data_draw.redrawn``: runs.csv's ``redrawn`` column)."""
     ds = set(runs["data_seed"].dropna().astype(str)) if "data_seed" in runs.columns else set()
     if ds == {"run"}:
-        return ("each seed drew its own private/public/test subsets (`data_seed: run`, as the authors' code "
-                "does): the intervals cover data draw and training noise.")
+        got = set()
+        if "redrawn" in runs.columns:
+            for v in runs.loc[runs["data_seed"].astype(str) == "run", "redrawn"].dropna().astype(str):
+                got.update(w.strip() for w in v.split(","))
+        words = [REDRAWN_WORDS[k] for k in REDRAWN_WORDS if k in got]
+        if not words:
+            return ("each seed drew its own data (`data_seed: run`; which splits is not recorded in runs.csv): the "
+                    "intervals cover data draw and training noise.")
+        fixed = "" if got & {"test", "partition"} else "; the test sets were the same for every seed"
+        return (f"each seed drew its own {_listing(words)} (`data_seed: run`{fixed}): the intervals cover that "
+                "draw and training noise.")
     if "run" in ds:
         return ("some groups redrew their data per seed (`data_seed: run`: data draw + training noise) and others "
-                "share one draw (`data_seed: fixed`: training noise only); runs.csv's data_seed column says which.")
+                "share one draw (`data_seed: fixed`: training noise only); runs.csv's data_seed and redrawn columns "
+                "say which.")
     return ("every seed trained and was evaluated on one data draw (`data_seed: fixed`): the intervals cover "
             "training noise (initialisation, batch order) only, not the variation of another draw of the "
             "partitions and test images, which can be as large: a test set of n images at accuracy p alone has a "

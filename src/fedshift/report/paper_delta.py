@@ -74,7 +74,7 @@ from .delta_figures import delta_figure
 from .delta_markdown import cells_markdown, claims_markdown, schedule_note, summary_markdown
 from .frames import published_method_names, rename_published
 from .ours import aggregate, ours_long, value_source
-from .protocols import cell_margin, differences, load_protocols, margin_reason, protocols_path
+from .protocols import cell_margin, differences, load_protocols, margin_reason, protocols_path, run_values
 from .published import PublishedSpec, all_published, claims_path, load_published, published_inconsistencies, schedules
 from .stats import FALLBACK_TEST_IMAGES, MIN_N
 from .verdicts import NOT_COMPARABLE, compare, summarize
@@ -167,6 +167,10 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
                     cells.at[i, "verdict"] = f"{NOT_COMPARABLE}: {differ[cells.at[i, 'ours_method']]}"
             g = cells.loc[g.index]
             label = f"{g['table'].iloc[0]}: {scen}" + (f" — PROXY: ours on {our}" if our != scen else "") + f" / {pubset} / {struct}"
+            grp = runs[(runs["scenario"] == our) & (runs["public"] == pubset) & (runs["structure"] == struct)]
+            ours_tp = run_values(grp, our)["test_protocol"] if len(grp) else ["clean"]
+            label += (f" — test protocol: ours {' / '.join(ours_tp)}, the paper's "  # issue 47: every table says it
+                      f"{block.get('test_protocol') if block else 'not recorded'}")
             note = schedule_note(runs, spec.name, paper, our, pubset, struct, schedule_table)
             why = "" if proxy else margin_reason(block, std, g.loc[judged, "margin"], explicit)
             md += cells_markdown(g, label, note, why, differ)

@@ -177,6 +177,24 @@ def _slug(*parts: str) -> str:
     return "__".join(str(p) for p in parts)
 
 
+def protocol_note(runs: pd.DataFrame) -> str:
+    """The test protocol of one table's runs (issue 47: runs.csv's ``test_protocol``, absent = clean),
+    said with what it is for the scenario (its registry entry's ``authors_test``)."""
+    from ..data import SCENARIOS
+
+    scen = str(runs["scenario"].iloc[0]) if len(runs) else ""
+    said = []
+    recorded = runs["test_protocol"].fillna("").astype(str) if "test_protocol" in runs else pd.Series(["clean"])
+    for p in sorted({v or "clean" for v in recorded}):
+        if p == "authors":
+            text = SCENARIOS.get(scen).authors_test if scen in SCENARIOS else ""
+            said.append(f"**authors** (the authors' code's test set{': ' + text if text else ''})")
+        else:
+            said.append("**clean** (held-out test images, none of them in a training split: audited by source row "
+                        "and pixel hash)")
+    return "Test protocol: " + "; ".join(said) + "."
+
+
 def mixed_protocols(runs: pd.DataFrame) -> List[str]:
     """A warning line when the server-averaging rows of one table were scored under different
     ``eval_models`` / ``weighting`` (e.g. a plugin under McMahan's protocol beside FedAvg under the FCCL+
@@ -225,6 +243,7 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
             md += results_tables(h, sub, f"{scen} / public {pub} / {struct}", order, tmp, slug)
             md.append(selection_note(sub[sub["method"] != "base_pretrain"], last_k)
                       + tuned_budget(report_cfg, sub) + "\n")  # issue 36: which selection, which rows tuned
+            md.append(protocol_note(sub) + "\n")  # issue 47: which test set the table's numbers are on
             curves_figure(sub, tmp / f"curves__{slug}.png", f"{scen} / public {pub} / {struct}", order)
             md.append(f"![curves](curves__{slug}.png)\n")
         named = {}  # (table name, scenario, public, structure) -> (table, std): ablation bar charts
@@ -243,6 +262,7 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
                 table = pd.concat([t_inter.drop(columns="seeds"), t_intra], axis=1)
                 table.to_csv(tmp / f"{spec['name']}__{_slug(scen, pub, struct)}.csv")
                 named[(spec["name"], scen, pub, struct)] = (table, pd.concat([sd_inter, sd_intra], axis=1))
+                md.append(protocol_note(sub) + "\n")  # issue 47: which test set the table's numbers are on
         md += comparison_section(full, report_cfg, tmp, last_k)  # issue 50: report.reference / report.compare
         md += grid_claims_section(full, report_cfg, tmp, last_k)  # issue 50: the grid's own claims (report.claims)
         md += tuned_section(report_cfg, tmp)  # issue 36: the values chosen on validation, every candidate's score
