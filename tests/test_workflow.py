@@ -8,7 +8,9 @@ afterwards.
 
 from __future__ import annotations
 
+import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -152,15 +154,22 @@ def test_every_run_folder_records_the_current_manifests(ran):
         assert run.data.tags["git.commit"] == code["commit"] + ("-dirty" if code["dirty"] else "")
 
 
-def test_html_report_carries_report_md_claims_and_says_what_the_pm_is(ran):
-    """`snakemake --report` bundles report.md and the claims as their own items; its captions say the
-    ± is a 95% CI (not a standard deviation)."""
+def test_html_report_carries_report_md_with_its_figures_and_says_what_the_pm_is(ran):
+    """`snakemake --report` bundles report.md as its own item and report.html inline, the figures inside it
+    (issue 50: a data-URI page cannot reach the PNGs beside it); its captions say the ± is a 95% CI (not a
+    standard deviation). The tiny grid names no published table: no paper delta, no papers' claims."""
+    import base64
+    import re
+
     root, _, _ = ran
     run("snakemake --report report.html", root)
     html = (root / "report.html").read_text(errors="replace")
-    assert "report.md" in html and "claims.csv" in html
-    for name in ("report.html", "claims.html"):  # shown inline (eye icon), not offered as a download
-        assert f"filename={name};base64," in html and f"data:text/html;charset=" in html, name
+    assert "report.md" in html and "tables.tex" in html
+    inner = re.search(r"filename=report\.html;base64,([A-Za-z0-9+/=]+)", html)  # shown inline (eye icon)
+    assert inner and "data:text/html;charset=" in html
+    page = base64.b64decode(inner.group(1)).decode()
+    assert page.count('<img src="data:image/png;base64,') >= 3 and "<h3>Inter-domain top1:" in page
+    assert "Paper delta" not in page and "filename=claims.html" not in html  # no paper delta, no papers' claims
     assert "95% confidence half-width" in html and "± the standard deviation" not in html
 
 
@@ -169,7 +178,8 @@ def test_user_grid_reports_only_its_own_report_block(ran):
     own = dict(TINY_GRID, report={"name": "mine"})
     (root / "user.yaml").write_text(yaml.safe_dump(own))
     run("snakemake -n --cores 1 --configfile user.yaml", root)
-    assert yaml.safe_load((root / "results/configs/report-mine.yaml").read_text()) == {"name": "mine"}  # no title
+    mine = yaml.safe_load((root / "results/configs/report-mine.yaml").read_text())
+    assert mine == {"name": "mine", "method_order": TINY_GRID["grid"][0]["methods"]}  # no title
 
 
 def test_hyperparameter_change_reruns_only_affected_jobs(ran):
@@ -203,6 +213,38 @@ def test_command_line_overrides_plan_through_snakemake(project):
     cfg = yaml.safe_load((project / "results/configs/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed7.yaml").read_text())
     assert cfg["seed"] == 7 and cfg["engine"]["rounds"] == 1 and cfg["engine"]["lr"] == 0.001
     assert cfg["engine"]["local_batch"] == TINY_GRID["engine"]["local_batch"]  # the rest of the grid kept
+
+
+def test_data_params_that_disagree_with_the_built_data_are_refused(project):
+    """Issue 51 R18: `fedshift run GRID data_params=<a copy of params/data.yaml with rotmnist's seed changed>`
+    while the partition built from params/data.yaml exists planned the jobs on the built partition (the
+    data file's check ran only when a manifest was missing): validate ok, rc 0, the runs trained on data
+    the grid did not name. Now planning (fedshift run, snakemake, fedshift validate) refuses in one line
+    naming the key, the built value and the asked one. Dry runs: nothing trains."""
+    run("dvc repro", project)  # what the grid reads is built (a no-op after the module's first run)
+    data = yaml.safe_load((project / "params/data.yaml").read_text())
+    built = data["scenarios"]["rotmnist"]["seed"]
+    data["scenarios"]["rotmnist"]["seed"] = built + 1
+    (project / "data_other.yaml").write_text(yaml.safe_dump(data))
+    want = (f"data_other.yaml: scenarios.rotmnist.seed is {built + 1}, but build/partitions/rotmnist was built "
+            f"with {built}")
+    res = run("FEDSHIFT_TRACKING=none fedshift run data_params=data_other.yaml -- -n --cores 1", project, check=False)
+    err = [l for l in res.stderr.splitlines() if l.startswith("fedshift: error:")]
+    assert res.returncode == 2 and len(err) == 1 and want in err[0], res.stdout[-2000:] + res.stderr[-2000:]
+    assert "copy data_other.yaml over params/data.yaml" in err[0] and "rule federate" not in res.stdout
+    res = run("FEDSHIFT_TRACKING=none snakemake -n --cores 1 --config data_params=data_other.yaml", project, check=False)
+    assert res.returncode != 0 and f"fedshift: error: {want}" in res.stdout + res.stderr
+    assert "rule federate" not in res.stdout
+    # the same file as params/data.yaml, not rebuilt after the edit: `dvc repro` is the fix
+    original = (project / "params/data.yaml").read_text()
+    try:
+        (project / "params/data.yaml").write_text(yaml.safe_dump(data))
+        res = run("FEDSHIFT_TRACKING=none fedshift validate", project, check=False)
+        assert res.returncode == 2 and "params/data.yaml: scenarios.rotmnist.seed is" in res.stderr
+        assert "run `dvc repro`" in res.stderr.strip().splitlines()[-1]
+    finally:
+        (project / "params/data.yaml").write_text(original)
+    assert run("FEDSHIFT_TRACKING=none fedshift validate", project).returncode == 0  # agreeing again
 
 
 def test_unreachable_tracking_server_does_not_abort_the_run(ran):
@@ -278,7 +320,8 @@ def test_kill9_then_data_change_then_rerun_starts_afresh(ran):
 
 def test_data_seed_run_redraws_each_seeds_partition(ran):
     """engine.data_seed: run (issue 34 item 3): seeds 0 and 1 train on different private subsets, drawn by
-    the partition_seed rule with the run seed; the runs read them and the report says what its intervals cover."""
+    the partition_seed rule with the run seed, and on different public subsets (public_seed rule, issue 47);
+    the runs read them and the report says what its intervals cover, from what the seeds redrew."""
     import hashlib
     import json
 
@@ -286,7 +329,7 @@ def test_data_seed_run_redraws_each_seeds_partition(ran):
 
     root, _, _ = ran
     grid = dict(TINY_GRID, engine=dict(TINY_GRID["engine"], rounds=1, data_seed="run"),
-                grid=[{"name": "ds", "scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": ["fedavg"],
+                grid=[{"name": "ds", "scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": ["fedmd"],
                        "structures": ["homo_lenet"], "seeds": [0, 1]}], report={"name": "ds", "title": "ds"})
     (root / "ds.yaml").write_text(yaml.safe_dump(grid))
     run("FEDSHIFT_TRACKING=none snakemake --cores 2 --configfile ds.yaml", root)
@@ -297,11 +340,15 @@ def test_data_seed_run_redraws_each_seeds_partition(ran):
     idx = [np.load(m.parent / "m0/private_index.npy") for m in man]
     assert not np.array_equal(np.sort(idx[0]), np.sort(idx[1]))  # another private subset, not another order
     for k in (0, 1):
-        cfg = yaml.safe_load((root / f"results/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed{k}/config.yaml")
+        cfg = yaml.safe_load((root / f"results/federate/rotmnist/photo_patches/fedmd/homo_lenet/seed{k}/config.yaml")
                              .read_text())
         assert cfg["paths"]["partition"].endswith(f"partitions_seeded/rotmnist/seed{k}")
+        assert cfg["paths"]["public"].endswith(f"public_seeded/photo_patches/seed{k}")  # issue 47: the public subset too
+    pub = [np.load(root / f"build/public_seeded/photo_patches/seed{k}/train_index.npy") for k in (0, 1)]
+    assert not np.array_equal(pub[0], pub[1])
     report = (root / "results/ablations/ds/report/report.md").read_text()
-    assert "each seed drew its own private/public/test subsets (`data_seed: run`" in report
+    assert ("each seed drew its own private subsets, labeled public seed sets, validation sets, test sets and public "
+            "subset (`data_seed: run`): the intervals cover that draw and training noise.") in report
     assert set(pd.read_csv(root / "results/ablations/ds/collect/runs.csv")["data_seed"]) == {"run"}
     assert "Nothing to be done" in run("snakemake -n --cores 1 --configfile ds.yaml", root).stdout
 
@@ -349,3 +396,57 @@ def test_dvc_builds_only_what_the_grid_reads(project):
     publics = {p for b in TINY_GRID["grid"] for p in b["public"]}
     targets = line.split(">")[0].split()[2:]
     assert sorted(targets) == sorted([f"partition@{s}" for s in scenarios] + [f"public@{p}" for p in publics]), line
+
+
+def job_counts(dry_run: str) -> dict:
+    """The first "Job stats" table of a Snakemake dry run: rule -> count."""
+    lines = dry_run[dry_run.index("Job stats:"):].splitlines()[3:]
+    rows = [line.split() for line in lines[:lines.index("")]] if "" in lines else []
+    return {r[0]: int(r[1]) for r in rows if len(r) == 2}
+
+
+def test_archive_then_report_from_records_without_training(ran, tmp_path):
+    """Issue 52: `fedshift archive` copies the finished runs' records (no weights) into records/<grid>/;
+    with results/ gone, Snakemake plans no training job, collect reads the records and the report lists
+    them with their code; a changed setting makes one record stale: listed with the key, run again,
+    left out of collect."""
+    import shutil
+
+    root, _, _ = ran
+    clone = tmp_path / "clone"
+    shutil.copytree(root, clone, symlinks=True)
+    before = pd.read_csv(clone / "results/collect/runs.csv")
+    out = run("FEDSHIFT_TRACKING=none fedshift archive", clone)
+    assert out.stdout.count("archived federate/") == 4 and out.stdout.count("archived pretrain/") == 4, out.stdout
+    fedavg = clone / "records/main/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed0"
+    assert sorted(p.name for p in fedavg.iterdir()) == ["config.yaml", "inputs.json", "metrics.json", "record.json",
+                                                         "rounds.csv"]  # no models.pt
+    again = run("FEDSHIFT_TRACKING=none fedshift archive", clone).stderr
+    assert "0 record(s) written, 8 unchanged" in again
+    shutil.rmtree(clone / "results")
+    dry = run("FEDSHIFT_TRACKING=none snakemake -n --cores 1", clone).stdout
+    assert job_counts(dry) == {"collect": 1, "report": 1, "all": 1, "total": 3}, dry
+    run("FEDSHIFT_TRACKING=none snakemake --cores 1", clone)
+    after = pd.read_csv(clone / "results/collect/runs.csv")
+    assert (after["record"].fillna("") != "").all()
+    key = ["method", "seed", "round", "participant", "domain", "kind"]
+    pd.testing.assert_series_equal(before.sort_values(key)["top1"].reset_index(drop=True),
+                                   after.sort_values(key)["top1"].reset_index(drop=True))
+    md = (clone / "results/report/report.md").read_text()
+    assert "4 of 4 federated runs were read from committed records" in md
+    assert "records/main/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed0" in md
+    # another setting for one method: its record is stale (named with the key), it is planned again and
+    # collect reads the new run folder, not the record
+    grid = yaml.safe_load((clone / "params/experiments.yaml").read_text())
+    grid["methods"]["fedmd"] = {"digest_epochs": 2}
+    (clone / "params/experiments.yaml").write_text(yaml.safe_dump(grid))
+    dry = run("FEDSHIFT_TRACKING=none snakemake -n -p --cores 1", clone)
+    assert ("records/main/federate/rotmnist/photo_patches/fedmd/homo_lenet/seed0: stale "
+            "(method_params.digest_epochs 1 archived, 2 now)") in dry.stderr
+    assert job_counts(dry.stdout) == {"federate": 1, "collect": 1, "report": 1, "all": 1, "total": 4}, dry.stdout
+    collect_cmd = next(line for line in dry.stdout.splitlines() if "fedshift collect " in line)
+    assert "results/federate/rotmnist/photo_patches/fedmd/homo_lenet/seed0" in collect_cmd
+    assert "records/main/federate/rotmnist/photo_patches/fedmd/" not in collect_cmd
+    assert "records/main/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed0" in collect_cmd
+    status = json.loads((clone / "results/configs/archive-main.json").read_text())
+    assert [r["run"] for r in status["records"] if r["state"] == "stale"] == ["rotmnist/photo_patches/fedmd/homo_lenet/seed0"]

@@ -60,6 +60,9 @@ VAL_METRICS = ("avg/val/mean/top1", "avg/val/inter/top1", "avg/val/intra/top1", 
                "global/val/top1")  # the last: the global model on all clients' validation data pooled (FedMMD/FedFusion)
 DEFAULT_METRIC = "avg/val/mean/top1"  # FCCL+ tables lead with AVG inter and intra: their mean
 DEFAULT_BUDGET = {"rounds": 10, "seeds": [0], "patience": 0, "eval_every": 1}
+# At most this many candidate jobs (candidates x tuning seeds, over every tuned group) in one grid, checked before
+# any candidate is made (issue 51 R06: a grid of 1,000,000 candidates kept `validate` busy > 10 min at 1.1 GB).
+MAX_CANDIDATE_JOBS = 10_000
 
 
 # ----------------------------------------------------------------------------- search space
@@ -75,6 +78,9 @@ def candidate_values(spec: Any, where: str) -> List[Any]:
                 or min(lo_hi) <= 0 or not isinstance(num, int) or num < 1):
             raise ConfigError(f"{where}: {{log: [low, high], num: n}} needs 0 < low, high and an integer n >= 1, "
                               f"got {dict(spec)}")
+        if num > MAX_CANDIDATE_JOBS:
+            raise ConfigError(f"{where}: num {num:,} values, more than a grid's {MAX_CANDIDATE_JOBS:,} candidate jobs "
+                              "(fedshift.tune.MAX_CANDIDATE_JOBS); search fewer values")
         lo, hi = (math.log10(v) for v in lo_hi)
         if num == 1:
             return [float(lo_hi[0])]
@@ -106,6 +112,35 @@ def method_space(tune: Mapping, label: str, cls) -> Dict[str, List[Any]]:
 def candidates(space: Mapping[str, List[Any]]) -> List[Dict[str, Any]]:
     keys = list(space)
     return [dict(zip(keys, combo)) for combo in itertools.product(*(space[k] for k in keys))]
+
+
+def check_size(space: Mapping[str, List[Any]], seeds: int, planned: int, where: str) -> int:
+    """The candidate jobs of one group (the product of the space's value counts x tuning seeds), counted without
+    making them; one line when they bring the grid's ``planned`` ones past :data:`MAX_CANDIDATE_JOBS`."""
+    n = math.prod(len(v) for v in space.values()) * seeds
+    if planned + n > MAX_CANDIDATE_JOBS:
+        sizes = " x ".join(f"{len(v)} {k}" for k, v in space.items())
+        raise ConfigError(f"{where}: {sizes} x {seeds} tuning seed(s) = {n:,} candidate jobs"
+                          + (f" ({planned + n:,} in the grid)" if planned else "")
+                          + f", more than {MAX_CANDIDATE_JOBS:,} (fedshift.tune.MAX_CANDIDATE_JOBS); search fewer "
+                          "values, or tune in several grids")
+    return n
+
+
+def check_chosen(chosen: Mapping[str, Any], path: Path) -> None:
+    """A ``chosen.yaml``'s values are one of the candidates it lists that did not diverge (issue 51 R08: a
+    hand-edited value, lr 5.0, that was never a candidate was applied silently); else one line naming the key."""
+    values = dict(chosen.get("chosen") or {})
+    cands = [c for c in chosen.get("candidates") or [] if isinstance(c, Mapping)]
+    if any(dict(c.get("values") or {}) == values and c.get("status", "ok") == "ok" for c in cands):
+        return
+    fix = f"remove {path} to have the tune's selection (snakemake's tune_select) write it again"
+    for key, value in values.items():
+        tried = list(dict.fromkeys(dict(c.get("values") or {}).get(key) for c in cands))
+        if value not in tried:
+            raise ConfigError(f"{path}: chosen {key} {value!r} was never a candidate (candidates: "
+                              f"{', '.join(map(repr, tried)) or 'none'}); {fix}")
+    raise ConfigError(f"{path}: chosen {values} is not one of its candidates that trained to the end; {fix}")
 
 
 def candidate_id(values: Mapping[str, Any]) -> str:
@@ -166,6 +201,9 @@ class TunePlan:
     candidates: Dict[str, dict] = dataclasses.field(default_factory=dict)  # "<group>/<cid>/seed<k>" -> config
     groups: Dict[TuneGroup, List[str]] = dataclasses.field(default_factory=dict)  # group -> its candidate keys
     table: Optional[str] = None  # results/.../tune/tuned.csv (None: the grid tunes nothing)
+    # scenario -> {"file": results/tune/<scenario>/leaks.json, "tuning": [draw], "reported": [draw]}: the
+    # tune_leaks job's exact count before any candidate of the scenario runs (leak_guard)
+    leaks: Dict[str, dict] = dataclasses.field(default_factory=dict)
 
     def chosen_file(self, group: TuneGroup, results: str = "results") -> str:
         return f"{results}/tune/{group.path}/chosen.yaml"
@@ -202,16 +240,20 @@ def plan_tune(grid: Mapping, plan, results: str = "results") -> TunePlan:
             raise ConfigError(f"tune.share.{m}: {src!r}: maps a grid method that is not tuned itself to a tuned "
                               f"one; tuned: {', '.join(listed) or 'none'}")
     b = out.budget
+    planned = 0  # candidate jobs so far (MAX_CANDIDATE_JOBS)
+    reported = set()  # the tuned methods' reported seeds (docs/tuning.md: keep the tuning seeds apart from them)
     for job, cfg in list(plan.federate.items()):
         if job.scenario not in scenarios:
             continue
         if job.method in share:  # e.g. FedMMD runs at the lr tuned on FedAvg (same scenario and structure)
+            reported.add(job.seed)
             src = TuneGroup(job.scenario, job.public, share[job.method], job.structure)
             cfg["tuned"] = {"file": out.chosen_file(src, results), "from": share[job.method], "budget": dict(b),
                             "metric": out.metric}
             continue
         if job.method not in listed:
             continue
+        reported.add(job.seed)
         group = TuneGroup(job.scenario, job.public, job.method, job.structure)
         where = f"tune.methods.{job.method} ({job.scenario})"
         if group not in out.groups:
@@ -224,6 +266,7 @@ def plan_tune(grid: Mapping, plan, results: str = "results") -> TunePlan:
                 raise ConfigError(f"{where}: engine.participant_eval is false, so the runs evaluate no participant "
                                   "on validation data; use tune.metric: global/val/top1 or participant_eval: true")
             space = method_space(tune, job.method, cls)
+            planned += check_size(space, len(b["seeds"]), planned, where)  # before a single candidate is made
             keys = []
             for i, values in enumerate(candidates(space)):
                 cid = candidate_id(values)
@@ -240,11 +283,10 @@ def plan_tune(grid: Mapping, plan, results: str = "results") -> TunePlan:
                              wildcards={**job.wildcards, "seed": seed, "candidate": cid},
                              tune={"candidate": cid, "index": i, "values": dict(values), "metric": out.metric,
                                    "patience": b["patience"]})
-                    if eng.get("data_seed") == "run":  # the tuning seed's own redraw of the partition
-                        from .experiments import SEEDED_PARTITIONS
-
-                        root = str(Path(cfg["paths"]["partition"]).parent.parent)
-                        c["paths"]["partition"] = f"{root}/{SEEDED_PARTITIONS}/{job.scenario}/seed{seed}"
+                    if eng.get("data_seed") == "run":  # the tuning seed's own draw of the partition and public set
+                        draw = plan.draw(job.scenario, job.public, seed, "run", bool(c["paths"]["public"]))
+                        c["paths"].update(partition=draw.partition, public=draw.public)
+                        c["data_draw"] = {"redrawn": list(draw.redrawn)}
                     if c["paths"].get("pretrained"):  # BASE checkpoints of the tuning seed
                         paths = []
                         for part, arch in zip(c["participants"], c["archs"]):
@@ -261,12 +303,114 @@ def plan_tune(grid: Mapping, plan, results: str = "results") -> TunePlan:
             out.groups[group] = keys
         cfg["tuned"] = {"file": out.chosen_file(group, results), "params": list(method_space(tune, job.method,
                         METHODS.get(cfg["base_method"]))), "budget": dict(b), "metric": out.metric}
+    same = sorted(reported & set(b["seeds"]))
+    if same:  # issue 51 R05: the values are then chosen on the very draws (init, sampling, data_seed) reported
+        print(f"fedshift: warning: tune.budget.seeds {b['seeds']} include the reported seed(s) {same} of the tuned "
+              "methods: the values would be chosen on the same draws (model initialisation, client sampling, a "
+              "data_seed: run partition) the grid then reports; keep them apart (e.g. seeds: [100], docs/tuning.md)",
+              file=sys.stderr)
+    out.leaks = leak_guard(plan, out, results)
     name = (plan.report or {}).get("name")
     root = f"{results}/ablations/{name}" if name else results
     out.table = f"{root}/tune/tuned.csv"
     plan.report["tuned"] = {"table": out.table, "budget": dict(b), "metric": out.metric,
                             "methods": sorted({g.method for g in out.groups})}
     return out
+
+
+# ----------------------------------------------------------------------------- leak guard (issue 47)
+def _draws(plan, cfgs: Sequence[dict]) -> List[dict]:
+    """One entry per partition folder the configs read: the folder and the overrides it is drawn with."""
+    out: Dict[str, dict] = {}
+    for c in cfgs:
+        folder = c["paths"]["partition"]
+        if folder not in out:
+            data_seed = c["engine"].get("data_seed", "fixed")
+            out[folder] = {"scenario": c["scenario"], "folder": folder, "seed": int(c["seed"]),
+                           "overrides": plan.draw_params(c["scenario"], int(c["seed"]), data_seed)}
+    return list(out.values())
+
+
+FIX = "tune with engine.data_seed: fixed and test_protocol: clean, or tune another scenario"
+
+
+def _leak_line(s: str, n: Optional[int], t_seeds, r_seeds, why: str) -> str:
+    if n is None:
+        return (f"tune: scenario {s!r}: validation images of tuning seed(s) {t_seeds} can be test images of reported "
+                f"seed(s) {r_seeds} ({why}; the count needs its data: dvc repro); {FIX}")
+    return (f"tune: scenario {s!r}: {n} validation image(s) of tuning seed(s) {t_seeds} are test images of reported "
+            f"seed(s) {r_seeds} ({why}; by source row or pixel hash); {FIX}")
+
+
+def _as_draws(entries: Sequence[dict]):
+    from .data.leaks import Draw
+
+    return [Draw(d["scenario"], d["folder"], d["overrides"]) for d in entries]
+
+
+def leak_guard(plan, tp: TunePlan, results: str = "results", datasets: Optional[str] = None) -> Dict[str, dict]:
+    """Refuse a tune whose validation images (any tuning seed) can be test images of a reported seed of the
+    grid, in one line naming the scenario and the count (fedshift.data.leaks). The scenario's construction
+    decides first (:func:`fedshift.data.leaks.structural`): where the test holds training images
+    (``test_protocol: authors``) or the seed redraws it, the images are counted from the built partitions
+    or the fetched datasets and any count (or no data to count on) is refused; a clean test the seed does
+    not redraw passes here, and the returned tune_leaks job counts by row and by pixel hash on the built
+    partitions before any candidate of the scenario runs."""
+    from .config import resolve
+    from .data import SCENARIOS
+    from .data.build import split_holdout_key
+    from .data.leaks import count_leaks, structural
+
+    datasets = datasets or f"{plan.build}/datasets"
+    jobs: Dict[str, dict] = {}
+    for s in sorted({c["scenario"] for c in tp.candidates.values()}):
+        tuning = _draws(plan, [c for c in tp.candidates.values() if c["scenario"] == s])
+        reported = _draws(plan, [c for c in plan.federate.values() if c["scenario"] == s])
+        t_seeds = sorted({d["seed"] for d in tuning})
+        r_seeds = sorted({int(c["seed"]) for c in plan.federate.values() if c["scenario"] == s})
+        same = [d["folder"] for d in tuning] == [d["folder"] for d in reported]
+        spec = SCENARIOS.get(s)
+        params = (resolve(spec.params, split_holdout_key(tuning[0]["overrides"])[1], f"scenarios.{s}")
+                  if spec.params else None)
+        kind = structural(s, params, same)
+        if kind != "none":
+            n = count_leaks(_as_draws(tuning), _as_draws(reported), Path(datasets))
+            why = ("its test_protocol authors tests on training images" if kind == "certain"
+                   else "its seed redraws the test split")
+            if n != 0:
+                raise ConfigError(_leak_line(s, n, t_seeds, r_seeds, why))
+        jobs[s] = {"file": f"{results}/tune/{s}/leaks.json", "scenario": s, "tuning": tuning, "reported": reported,
+                   "tuning_seeds": t_seeds, "reported_seeds": r_seeds}
+    return jobs
+
+
+def check_leaks(out: Path, spec_file: Path, datasets: Path = Path("build/datasets")) -> dict:
+    """The tune_leaks job: :func:`leak_guard`'s count by row and by pixel hash on the built partitions;
+    writes ``out`` (the count and the folders) when it is 0, else raises the guard's one line."""
+    from .data.leaks import count_leaks
+    from .data.store import atomic_write_text
+
+    spec = yaml.safe_load(Path(spec_file).read_text())
+    n = count_leaks(_as_draws(spec["tuning"]), _as_draws(spec["reported"]), Path(datasets))
+    if n != 0:
+        raise ConfigError(_leak_line(spec["scenario"], n, spec["tuning_seeds"], spec["reported_seeds"],
+                                     "counted on the built partitions"))
+    result = {"scenario": spec["scenario"], "leaks": 0, "tuning": [d["folder"] for d in spec["tuning"]],
+              "reported": [d["folder"] for d in spec["reported"]]}
+    atomic_write_text(Path(out), json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def write_leak_specs(tp: TunePlan, results: str = "results") -> Dict[str, str]:
+    """Each tuned scenario's tune_leaks input (``results/configs/tune/leaks/<scenario>.yaml``)."""
+    from .experiments import dump_config, write_if_changed
+
+    paths = {}
+    for s, job in tp.leaks.items():
+        p = f"{results}/configs/tune/leaks/{s}.yaml"
+        write_if_changed(Path(p), dump_config({k: v for k, v in job.items() if k != "file"}))
+        paths[s] = p
+    return paths
 
 
 def write_candidate_configs(tp: TunePlan, results: str = "results") -> Dict[str, str]:
@@ -285,7 +429,7 @@ def run_candidate(cfg: Dict[str, Any], out_dir: Path, tracker=None, **kwargs) ->
     """A tuning candidate: an ordinary federated run; a non-finite loss or weight is recorded as
     ``diverged`` in its metrics.json (the workflow goes on; :func:`select` lists it as diverged)."""
     from . import runner
-    from .data.store import atomic_write_text
+    from .data.store import atomic_write_text, json_text
     from .engine import checkpoint
     from .errors import NonFiniteError
 
@@ -297,7 +441,7 @@ def run_candidate(cfg: Dict[str, Any], out_dir: Path, tracker=None, **kwargs) ->
                    "tune": {"score": None, "best_round": None}}
         out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
-        atomic_write_text(out_dir / "metrics.json", json.dumps(metrics, indent=1))
+        atomic_write_text(out_dir / "metrics.json", json_text(metrics, indent=1))
         checkpoint.clear(checkpoint.partial_dir(out_dir))
         if tracker is not None:
             try:
@@ -354,6 +498,7 @@ def apply_chosen(cfg: Dict[str, Any]) -> Dict[str, Any]:
         raise ConfigError(f"{path}: the tuned values of {cfg['run_name']} are missing; run the tune "
                           "(snakemake builds it before the seeded runs)")
     chosen = yaml.safe_load(path.read_text())
+    check_chosen(chosen, path)
     out = apply_values(cfg, chosen["chosen"], f"{path} chosen")
     out["tuned"] = {**t, "chosen": dict(chosen["chosen"]), "score": chosen["score"], "candidate": chosen["candidate"]}
     return out
@@ -406,13 +551,17 @@ def write_table(out: Path, chosen_files: Sequence[Path]) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """``python -m fedshift.tune select OUT METRICS...`` | ``table OUT CHOSEN...`` (the tune rules)."""
+    """``python -m fedshift.tune select OUT METRICS...`` | ``table OUT CHOSEN...`` | ``leaks OUT SPEC``
+    (the tune rules)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if len(argv) < 3 or argv[0] not in ("select", "table"):
-            raise ConfigError("usage: python -m fedshift.tune {select OUT METRICS.json... | table OUT CHOSEN.yaml...}")
+        if len(argv) < 3 or argv[0] not in ("select", "table", "leaks"):
+            raise ConfigError("usage: python -m fedshift.tune {select OUT METRICS.json... | table OUT CHOSEN.yaml... "
+                              "| leaks OUT SPEC.yaml}")
         verb, out, files = argv[0], Path(argv[1]), [Path(f) for f in argv[2:]]
-        if verb == "select":
+        if verb == "leaks":
+            check_leaks(out, files[0])
+        elif verb == "select":
             from .data.store import atomic_write_text
 
             atomic_write_text(out, yaml.safe_dump(select(files), sort_keys=False))

@@ -30,10 +30,12 @@ coerce_cli_strings(GRID, {k: v for k, v in (workflow.config_settings.config or {
 _USER_FILES = [f for f in workflow.overwrite_configfiles or []
                if os.path.abspath(f) != os.path.abspath("params/experiments.yaml")]
 if _USER_FILES:
-    from fedshift.experiments import check_overlays, deep_merge, load_yaml
+    from fedshift.experiments import check_grid_file, check_overlays, deep_merge, load_yaml
 
     _USER_DOCS = [load_yaml(_f) for _f in _USER_FILES]  # each file read once
-    try:  # an overlay (overlay_of) refuses to plan without the grid it adds to, before it
+    try:  # each file's shape (issue 51 A40); an overlay (overlay_of) refuses to plan without the grid it adds to
+        for _f, _doc in zip(_USER_FILES, _USER_DOCS):
+            check_grid_file(_doc, _f)
         check_overlays(_USER_FILES, _USER_DOCS)
     except ConfigError as exc:
         raise WorkflowError(f"fedshift: error: {exc}") from None
@@ -66,6 +68,10 @@ try:
     from fedshift.tune import plan_tune  # issue 36: the grid's tune block (rules/tune.smk), before the configs
 
     TUNE = plan_tune(GRID, PLAN)
+    # the data already built is the data this grid names (issue 51 R18): else one line, before any job
+    from fedshift.experiments import check_built_data
+
+    check_built_data([*PLAN.federate.values(), *PLAN.pretrain.values(), *TUNE.candidates.values()], DATA_PARAMS)
 except ConfigError as exc:
     raise WorkflowError(f"fedshift: error: {exc}") from None
 
@@ -79,6 +85,20 @@ RESULTS_ROOT = f"results/ablations/{REPORT_NAME}" if REPORT_NAME else "results"
 COLLECT_CSV = f"{RESULTS_ROOT}/collect/runs.csv"
 REPORT_DIR = f"{RESULTS_ROOT}/report"
 REPORT_CONFIG = f"results/configs/report-{REPORT_NAME or 'main'}.yaml"
+
+# The committed archive (issue 52, fedshift.archive): a run whose record in records/<grid>/ is current
+# (same settings on every key both know, same data where built) is not planned again; collect reads the
+# record. A stale record is listed here with the keys that differ, and the run is planned again.
+from fedshift.archive import grid_status, plan_targets
+
+ARCHIVE = grid_status(PLAN, TUNE)
+for _s in ARCHIVE.stale():
+    print(f"fedshift: archive: {_s.line()}; the run is planned again, the record left out", file=sys.stderr)
+TARGETS = plan_targets(PLAN, TUNE, ARCHIVE)
+ARCHIVE_STATUS = f"results/configs/archive-{REPORT_NAME or 'main'}.json"
+import json as _json
+
+write_if_changed(ARCHIVE_STATUS, _json.dumps(ARCHIVE.as_json(), indent=1) + "\n")  # the report lists them
 write_if_changed(REPORT_CONFIG, dump_config(PLAN.report))
 
 SCENARIOS_USED = sorted({j.scenario for j in PLAN.federate})
@@ -88,6 +108,8 @@ PUBLIC_USED = sorted({c["public"] for c in PLAN.federate.values() if c["paths"][
 localrules:
     dvc_repro,
     partition_seed,
+    partition_protocol,
+    public_seed,
     collect,
     report,
 
@@ -137,8 +159,10 @@ def pretrain_data(wc):
     return data_fingerprint([pretrain_cfg(wc)["paths"]["partition"]])
 
 
-FEDERATE_METRICS = [f"results/federate/{j.path}/metrics.json" for j in PLAN.federate]
-PRETRAIN_METRICS = [f"results/pretrain/{j.path}/metrics.json" for j in PLAN.pretrain]
+FEDERATE_METRICS = [f"results/federate/{j.path}/metrics.json" for j in TARGETS.federate]
+PRETRAIN_METRICS = [f"results/pretrain/{j.path}/metrics.json" for j in TARGETS.pretrain]
+ARCHIVED_METRICS = [f"{p}/metrics.json" for p in TARGETS.archived_federate]  # committed records (issue 52)
+ARCHIVED_PRETRAIN = [f"{p}/metrics.json" for p in TARGETS.archived_pretrain]
 
 
 onstart:
@@ -247,9 +271,10 @@ def report_labels(wc):
 # ---------------------------------------------------------------------------------------
 # Tune, then run (issue 36, rules/tune.smk): candidate configs, inputs and resources (as federate's).
 # ---------------------------------------------------------------------------------------
-from fedshift.tune import write_candidate_configs
+from fedshift.tune import write_candidate_configs, write_leak_specs
 
 TUNE_CONFIGS = write_candidate_configs(TUNE)
+TUNE_LEAK_SPECS = write_leak_specs(TUNE)  # issue 47: the leak guard's count on the built partitions
 TUNED_TABLE = [TUNE.table] if TUNE.table else []
 
 
@@ -263,7 +288,8 @@ def tune_cfg(wc):
 
 def tune_inputs(wc):
     cfg = tune_cfg(wc)
-    inputs = {"config": TUNE_CONFIGS[tune_key(wc)], "partition": f"{cfg['paths']['partition']}/manifest.json"}
+    inputs = {"config": TUNE_CONFIGS[tune_key(wc)], "partition": f"{cfg['paths']['partition']}/manifest.json",
+              "leaks": TUNE.leaks[wc.scenario]["file"]}  # no candidate runs before its scenario's leak count
     if cfg["paths"]["public"]:
         inputs["public"] = f"{cfg['paths']['public']}/manifest.json"
     for i, ckpt in enumerate(cfg["paths"]["pretrained"] or []):
@@ -281,6 +307,13 @@ def tune_mem_mb(wc, attempt):
 
 def tune_runtime(wc, attempt):
     return slurm_runtime(tune_cfg(wc), attempt, threads=tune_threads(wc))
+
+
+def tune_leak_inputs(wc):
+    """The partitions the leak count reads: every tuning seed's and every reported seed's."""
+    job = TUNE.leaks[wc.scenario]
+    folders = dict.fromkeys(d["folder"] for d in job["tuning"] + job["reported"])
+    return {"spec": TUNE_LEAK_SPECS[wc.scenario], **{f"partition_{i}": f"{f}/manifest.json" for i, f in enumerate(folders)}}
 
 
 def tune_group_metrics(wc):

@@ -9,11 +9,29 @@
 if TUNE.groups:
 
     localrules:
+        tune_leaks,
         tune_select,
         tune_table,
 
     wildcard_constraints:
         candidate=r"c[0-9a-f]{8}",
+
+
+    # Issue 47: no validation image of a tuning seed may be a test image of a reported seed. The plan already
+    # refused what the scenario's construction cannot rule out (fedshift.tune.leak_guard); this job counts by
+    # source row and by pixel hash on the built partitions and fails in one line on any overlap, before any
+    # candidate of the scenario runs.
+    rule tune_leaks:
+        input:
+            unpack(tune_leak_inputs),
+        output:
+            "results/tune/{scenario}/leaks.json",
+        conda:
+            "../envs/fedshift.yaml"
+        log:
+            "logs/tune/{scenario}/leaks.log",
+        shell:
+            "python -m fedshift.tune leaks {output} {input.spec} > {log} 2> >(tee -a {log} >&2)"
 
 
     rule tune_candidate:
@@ -51,7 +69,8 @@ if TUNE.groups:
 
     rule tune_table:
         input:
-            [TUNE.chosen_file(g) for g in TUNE.groups],
+            # each group's selection: results/tune/... when its seeded runs run, else its committed record
+            list(TARGETS.chosen_files.values()),
         output:
             TUNED_TABLE,
         conda:

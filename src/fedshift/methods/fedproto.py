@@ -87,7 +87,9 @@ import torch.nn.functional as F
 
 from ..data.loading import normalize
 from .base import METHODS, Method
-from .prototypes import class_sums, mean_prototypes, nearest_prototype_scores, pool_to, proto_mse_loss, proto_paper_loss
+from .common import holding_data
+from .prototypes import (AbsentClasses, class_sums, mean_prototypes, nearest_prototype_scores, pool_to, proto_mse_loss,
+                         proto_paper_loss)
 
 
 @dataclass(frozen=True)
@@ -131,6 +133,9 @@ class FedProto(Method):
     supports_sampling = True  # only the round's sampled clients train and upload (serverproto.py:29-44)
     supports_server_model = False
     per_client_state = "keeps every participant's own model (prototype exchange, no parameter averaging)"
+    # what a class held by no uploading participant means here (the warning of issue 51 R31 says it)
+    absent_effect = ("it has no global prototype this round, so nearest-prototype scoring never predicts it and "
+                     "its samples add no regulariser term (as HtFLlib's serverproto.py / clientproto.py)")
 
     def setup(self, ctx) -> None:
         self._device = ctx.device
@@ -140,6 +145,7 @@ class FedProto(Method):
         self.protos: Optional[torch.Tensor] = None  # (C, d) global prototypes; None before the first upload
         self.present: Optional[torch.Tensor] = None  # (C,) bool
         self._acc: Dict[str, tuple] = {}  # participant -> (sums, counts) of this round's training reps
+        self._absent = AbsentClasses(self.name, self.absent_effect)
 
     # -- local updating --------------------------------------------------------------
     def rep(self, h: torch.Tensor) -> torch.Tensor:
@@ -181,14 +187,17 @@ class FedProto(Method):
         self._acc = {}
         metrics = ctx.train_participants(clients, loss_fn=lambda cl, x, y, s: self.local_loss(ctx, cl, x, y, s))
         uploads = []
-        for c in clients:
-            if self.p.local_protos == "training":
+        for c in holding_data(clients, self.name, ctx.round, "they upload no prototypes"):  # no images: nothing to upload
+            if self.p.local_protos == "eval":
+                uploads.append(self.eval_prototypes(ctx, c))
+            elif c.name in self._acc:  # every step of the participant skipped (skip_batch): no training reps
                 s, n = self._acc.pop(c.name)
                 uploads.append((s / n.clamp(min=1).unsqueeze(1), n))
-            else:
-                uploads.append(self.eval_prototypes(ctx, c))
         self._acc = {}
-        self.aggregate(ctx, uploads)
+        if uploads:  # none: the global prototypes stay those of the last round with uploads
+            self.aggregate(ctx, uploads)
+            if self.present is not None:
+                self._absent(self.present, ctx.round)
         return metrics
 
     def aggregate(self, ctx, uploads) -> None:

@@ -3,6 +3,8 @@ report.py and the paper delta (paper_delta.py and its parts) read the same frame
 
 from __future__ import annotations
 
+from typing import List, Optional, Sequence
+
 import pandas as pd
 
 from ..errors import ConfigError
@@ -72,6 +74,13 @@ def tuned_budget(report_cfg: dict, sub: pd.DataFrame) -> str:
     return (f" Tuning budget per candidate: {b.get('rounds')} rounds, tuning seeds {b.get('seeds')}, early-stopping "
             f"patience {b.get('patience')} evaluation{'' if b.get('patience') == 1 else 's'} (0: none), "
             f"selected by {t.get('metric')} on validation.")
+
+
+def ordered(present, methods: Optional[Sequence[str]] = None) -> List[str]:
+    """``present`` in the order of ``methods`` (the grid's), the rest after them, sorted."""
+    present = list(present)
+    first = [m for m in (methods or []) if m in present]
+    return first + sorted(m for m in present if m not in first)
 
 
 def participant_archs(df: pd.DataFrame) -> dict:
