@@ -47,14 +47,14 @@ def test_a_class_nobody_holds_gets_no_prototype_and_a_warning(tiny_data, name, c
     and one warning names the class (none was printed)."""
     from fedshift.data.loading import normalize
 
-    fed = _without_class(tiny_federation(tiny_data, ("lenet",) * 4, public_aug="none"), 3)
+    scoring = {"predict": "prototype"} if name != "fpl" else {}  # the grid's nearest-prototype scoring
+    fed = _without_class(tiny_federation(tiny_data, ("lenet",) * 4, public_aug="none", scoring=scoring), 3)
     params = {"server_epochs": 2} if name == "fedtgp" else {}
     m = create_method(name, params)
-    m.setup(fed)
+    fed.setup(m)
     with caplog.at_level(logging.WARNING):
         for r in (1, 2):
-            fed.round = r
-            m.run_round(fed, r)
+            fed.run_round(r)
     msgs = [rec.getMessage() for rec in caplog.records if "class" in rec.getMessage() and name in rec.getMessage()]
     assert len(msgs) == 1 and "class 3 " in msgs[0] and "no participant" in msgs[0], caplog.text  # once, not per round
     assert m.present.tolist() == [c != 3 for c in range(10)]
@@ -83,14 +83,14 @@ def test_participants_without_images_send_nothing_and_are_named_each_round(tiny_
     its fair aggregation took m0's zero update as the min-norm direction: the shared tensors never moved): the
     participant holding no images uploads nothing; one warning per round names it; the others' prototypes or
     aggregate go on (as FedAvg, whose sample weights give it no say)."""
-    fed = _first_empty(tiny_federation(tiny_data, ("lenet",) * 4, public_aug="none"))
+    scoring = {"eval_models": "local"} if name == "fdse" else {}  # FDSE's official logger's protocol
+    fed = _first_empty(tiny_federation(tiny_data, ("lenet",) * 4, public_aug="none", scoring=scoring))
     m = create_method(name, {"server_epochs": 2} if name == "fedtgp" else {})
-    m.setup(fed)
+    fed.setup(m)
     shared = {k: v.clone() for k, v in m.shared.items()} if name == "fdse" else None
     with caplog.at_level(logging.WARNING):
         for r in (1, 2):
-            fed.round = r
-            m.run_round(fed, r)
+            fed.run_round(r)
             fed.check_weights()
     named = [rec.getMessage() for rec in caplog.records if "hold no private images" in rec.getMessage()]
     assert [s.split(":")[0] for s in named] == [f"{name} round 1", f"{name} round 2"] and "m0" in named[0], caplog.text
@@ -242,10 +242,10 @@ def _interrupted(monkeypatch, cfg, out, stop_at=2):
 
     real = FedAvg.run_round
 
-    def run_round(self, fed, r):
-        if r == stop_at:
+    def run_round(self, ctx):
+        if ctx.round == stop_at:
             raise KeyboardInterrupt
-        return real(self, fed, r)
+        return real(self, ctx)
 
     monkeypatch.setattr(FedAvg, "run_round", run_round)
     with pytest.raises(KeyboardInterrupt):
