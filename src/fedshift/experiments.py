@@ -631,8 +631,10 @@ def check_built_data(configs, data_params: Path | Mapping, build: str = "build")
             continue
         key, built, asked = diff
         if seed is not None:
-            fix = (f"remove {folder}: the workflow's partition_seed / partition_protocol / public_seed rule redraws "
-                   f"it from {shown}")
+            parent = Path(folder).parent.parent.name  # partitions_seeded | partitions_<protocol> | public_seeded
+            rule = ("public_seed" if parent.startswith("public") else
+                    "partition_seed" if parent == "partitions_seeded" else "partition_protocol")
+            fix = f"remove {folder}: the workflow's {rule} rule redraws it from {shown}"
         elif shown == "params/data.yaml":
             fix = "run `dvc repro` to rebuild it"
         else:

@@ -25,18 +25,18 @@ def _data_not_built(plan, data_params: Path) -> Optional[str]:
 
     folders = {c["paths"]["partition"] for c in (*plan.federate.values(), *plan.needed_pretrain().values())}
     folders |= {c["paths"]["public"] for c in plan.federate.values() if c["paths"].get("public")}
-    # a per-seed partition (engine.data_seed: run) is drawn by the workflow's partition_seed rule from DVC's partition
-    # of its scenario: that one is what `dvc repro` must build (issue 51 R19)
-    folders = {str(Path(f).parents[2] / "partitions" / Path(f).parent.name)
-               if Path(f).parent.parent.name == "partitions_seeded" else f for f in folders}
+    # a per-seed or per-protocol folder (engine.data_seed: run, test_protocol) is drawn by the workflow's
+    # partition_seed / partition_protocol / public_seed rule from DVC's folder of its scenario or public set:
+    # that one is what `dvc repro` must build (issue 51 R19, issue 47)
+    redrawn = {f for f in folders if Path(f).name.startswith("seed")}
+    folders = {str(Path(f).parents[2] / ("public" if Path(f).parent.parent.name.startswith("public") else "partitions")
+                   / Path(f).parent.name) if f in redrawn else f for f in folders}
     missing = sorted(f for f in folders if not (Path(f) / "manifest.json").is_file())
     if not missing:
         return None
     datasets = set()
     for f in missing:
         kind, name = Path(f).parent.name, Path(f).name
-        if Path(f).name.startswith("seed"):  # drawn by a workflow rule (data_seed: run, test_protocol) from DVC's data
-            kind, name = Path(f).parent.parent.name.split("_")[0], Path(f).parent.name
         if kind == "partitions" and name in SCENARIOS:
             datasets |= set(SCENARIOS.get(name).datasets)
         elif kind == "public" and name in PUBLIC_SETS:
@@ -44,10 +44,10 @@ def _data_not_built(plan, data_params: Path) -> Optional[str]:
     manual = sorted(d for d in datasets if d in DATASETS and DATASETS.get(d).manual)
     how = ("`dvc repro`" if data_params == Path("params/data.yaml") else
            f"`dvc repro` after copying {data_params} over params/data.yaml (DVC builds from that file only)")
-    drawn = any(Path(f).name.startswith("seed") for f in missing)
+    drawn = bool(redrawn)
     return (f"data not built yet: {', '.join(missing)}; build with {how}"
-            + (" (the workflow's partition_seed / partition_protocol / public_seed jobs draw the seed<k> folders "
-               "from what it builds)" if drawn else "")
+            + (" (the workflow's partition_seed / partition_protocol / public_seed jobs draw the grid's seed<k> "
+               "folders from what it builds)" if drawn else "")
             + (f", which needs the hand-supplied archive(s) {', '.join(manual)} under data/ (docs/datasets.md)"
                if manual else "") + "; until then the workflow stops at its dvc_repro job")
 
