@@ -90,6 +90,58 @@ def tags(code: Mapping[str, object]) -> Dict[str, str]:
     return out
 
 
+# ------------------------------------------------------------------------- run identity
+# Keys of a resolved run config that name the run or say how its job executes, not what it computes:
+# the run's identity leaves them out (issue 50). ``paths``: where inputs are read (the project folder,
+# build/ or results/ roots; the data's content is named by other keys: the scenario, engine.data_seed, the
+# BASE runs' identities); ``run_name``, ``wildcards``, ``identity``: names derived from the settings.
+NAMING_KEYS = ("paths", "run_name", "wildcards", "identity", "tracking")
+EXECUTION_KEYS = ("threads", "device", "checkpoint_every", "checkpoint_min_s")  # engine / pretrain sections
+# a tuned run's config gets its chosen values at run time (fedshift.tune.apply_chosen); the tune that chooses
+# them (tuned.group: the identities of its candidates) names them, so the values and these records are left out
+TUNED_RUNTIME_KEYS = ("file", "chosen", "score", "candidate")
+IDENTITY_CHARS = 12
+
+
+def run_identity(resolved_cfg: Mapping[str, object]) -> str:
+    """12 hex characters naming what a run computes: sha256 of the canonical JSON (sorted keys) of its resolved
+    config without :data:`NAMING_KEYS` and the execution keys of its ``engine`` / ``pretrain`` section
+    (:data:`EXECUTION_KEYS`: threads, device, checkpoint cadence). Two configs with equal identities run the
+    same thing; the run folder (``seed<k>-<identity>``) and the MLflow run (tag ``fedshift.identity``) carry it,
+    so two grids that set a method differently never share a folder.
+
+    A tuned run (``tuned``) is named by its tune, not by the values the tune chose: the values of the tuned
+    parameters (``tuned.params``) and the records :func:`fedshift.tune.apply_chosen` adds are left out, so the
+    published config.yaml (chosen values applied) has the identity its folder was planned with. A tuning
+    candidate's position in its list (``tune.index``) is left out too."""
+    import copy
+
+    cfg = copy.deepcopy({k: v for k, v in dict(resolved_cfg).items() if k not in NAMING_KEYS})
+    for section in ("engine", "pretrain"):
+        if isinstance(cfg.get(section), dict):
+            for key in EXECUTION_KEYS:
+                cfg[section].pop(key, None)
+    tuned = cfg.get("tuned")
+    if isinstance(tuned, dict):
+        for key in TUNED_RUNTIME_KEYS:
+            tuned.pop(key, None)
+        for param in tuned.get("params") or []:
+            param = str(param)
+            section, key = ("engine", param[len("engine."):]) if param.startswith("engine.") else ("method_params", param)
+            if isinstance(cfg.get(section), dict):
+                cfg[section].pop(key, None)
+    if isinstance(cfg.get("tune"), dict):
+        cfg["tune"].pop("index", None)
+    text = json.dumps(cfg, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:IDENTITY_CHARS]
+
+
+def run_folder(job_path: str, identity: str) -> str:
+    """``<scenario>/.../seed<k>-<identity>``: a job's run folder under ``results/<kind>/`` (the job's slot
+    ``.../seed<k>`` and what it computes; see :func:`run_identity`)."""
+    return f"{job_path}-{identity}"
+
+
 # ------------------------------------------------------------------------- inputs
 def record(manifests: Mapping[str, str], paths: Mapping[str, Path], cfg_hash: str,
            files: Mapping[str, str] = ()) -> Dict[str, object]:

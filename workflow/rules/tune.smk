@@ -14,17 +14,18 @@ if TUNE.groups:
 
     wildcard_constraints:
         candidate=r"c[0-9a-f]{8}",
+        gid=r"[0-9a-f]{12}",
 
 
     rule tune_candidate:
         input:
             unpack(tune_inputs),
         output:
-            metrics="results/tune/{scenario}/{public}/{method}/{structure}/{candidate}/seed{seed}/metrics.json",
+            metrics="results/tune/{scenario}/{public}/{method}/{structure}/{candidate}/seed{seed}-{rid}/metrics.json",
         conda:
             "../envs/fedshift.yaml"
         log:
-            "logs/tune/{scenario}/{public}/{method}/{structure}/{candidate}/seed{seed}.log",
+            "logs/tune/{scenario}/{public}/{method}/{structure}/{candidate}/seed{seed}-{rid}.log",
         threads: tune_threads
         resources:
             mem_mb=tune_mem_mb,
@@ -40,11 +41,11 @@ if TUNE.groups:
         input:
             tune_group_metrics,
         output:
-            "results/tune/{scenario}/{public}/{method}/{structure}/chosen.yaml",
+            "results/tune/{scenario}/{public}/{method}/{structure}/chosen-{gid}.yaml",
         conda:
             "../envs/fedshift.yaml"
         log:
-            "logs/tune/{scenario}/{public}/{method}/{structure}/select.log",
+            "logs/tune/{scenario}/{public}/{method}/{structure}/select-{gid}.log",
         shell:
             "python -m fedshift.tune select {output} {input} > {log} 2>&1"
 

@@ -9,7 +9,6 @@ the checked grid with its dotted overrides to Snakemake. The grid layer (``fedsh
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -43,8 +42,25 @@ def _data_not_built(plan, data_params: Path) -> Optional[str]:
                if manual else "") + "; until then the workflow stops at its dvc_repro job")
 
 
+def report_status(plan, report_cfg) -> list:
+    """Lines saying whether the grid's report on disk is current (issue 50): every run it read is still the
+    run folder it read (:func:`fedshift.report.runs_read.stale_runs`) and one the grid asks for now."""
+    from ..experiments import planned_folders, results_root
+    from ..report import runs_read
+
+    folder = Path(results_root(report_cfg)) / "report"
+    frame = runs_read.read(folder)
+    if frame is None:
+        return []
+    stale = runs_read.stale_runs(frame, planned=planned_folders(plan))
+    if not stale:
+        return [f"report {folder}: current ({len(frame)} run folders read, each the run the grid asks for)"]
+    return ([f"report {folder}: {len(stale)} of {len(frame)} run folders it read are stale "
+             "(snakemake reruns them and the report):"] + [f"  {line}" for line in stale])
+
+
 def cmd_validate(args) -> None:
-    from ..experiments import load_experiments, snakemake_config
+    from ..experiments import load_experiments, snakemake_config, unreached_hooks
 
     exp = snakemake_config([Path(f) for f in args.experiments])
     data_params = Path(exp.pop("data_params", None) or args.data_params)
@@ -55,6 +71,10 @@ def cmd_validate(args) -> None:
     needed = plan.needed_pretrain()
     print(f"ok: {len(needed)} pretrain and {len(plan.federate)} federate jobs"
           + (f", {len(tuned.candidates)} tuning candidate jobs" if tuned.candidates else ""))
+    for line in unreached_hooks(plan):  # until issue 49's server hook runs under every protocol
+        print(f"fedshift: warning: {line}", file=sys.stderr)
+    for line in report_status(plan, exp.get("report")):
+        print(line)
     # What a cluster will be asked for (the workflow's mem_mb, fedshift.resources): the largest request per kind.
     from ..resources import WRAPPER_MB, job_estimate, slurm_mem_mb
 
@@ -70,13 +90,13 @@ def cmd_validate(args) -> None:
         print(missing, file=sys.stderr)
 
 
-def cmd_run(args) -> None:
+def cmd_run(args) -> int:
     """Merge the grid files (as ``snakemake --configfile`` does), set the dotted overrides, check
     the result as ``validate`` does, write it to ``results/configs/run-<hash>.yaml`` (the file a
-    later ``snakemake --configfile`` can name again) and exec Snakemake on it."""
+    later ``snakemake --configfile`` can name again), run Snakemake on it and say where the report went."""
     import hashlib  # ~3 ms that only `run` needs, not `fedshift --help`
 
-    from ..experiments import dump_config, load_experiments, snakemake_config, write_if_changed
+    from ..experiments import dump_config, load_experiments, results_root, snakemake_config, write_if_changed
     from ..overrides import apply_overrides
 
     grids = [i for i in args.items if "=" not in i]
@@ -88,7 +108,9 @@ def cmd_run(args) -> None:
     for g in grids:
         if not Path(g).exists():
             raise ConfigError(f"fedshift run: {g}: no such grid file, and not a KEY=VALUE override")
-    exp = apply_overrides(snakemake_config([Path(g) for g in grids or ["params/experiments.yaml"]]), overrides)
+    # quiet: Snakemake prints the grid's notes when it plans (they were printed twice; issue 50)
+    exp = apply_overrides(snakemake_config([Path(g) for g in grids or ["params/experiments.yaml"]], quiet=True),
+                          overrides)
     data_params = Path(exp.get("data_params") or "params/data.yaml")
     plan = load_experiments({k: v for k, v in exp.items() if k not in ("data_params", "gpus_per_job", "threads_per_job")},
                             data_params)
@@ -100,4 +122,23 @@ def cmd_run(args) -> None:
     print(f"fedshift run: {', '.join(overrides) or 'no override'} on {' + '.join(grids) or 'params/experiments.yaml'}: "
           f"{len(plan.needed_pretrain())} pretrain and {len(plan.federate)} federate jobs planned; "
           f"grid written to {path}\n$ snakemake --configfile {path} {' '.join(smk)}", file=sys.stderr, flush=True)
-    os.execv(sys.executable, cmd)
+    rc = _snakemake(cmd)
+    report = Path(results_root(exp.get("report"))) / "report" / "report.md"
+    dry = any(a in ("-n", "--dry-run", "--dryrun") for a in smk)
+    if rc == 0 and not dry and report.exists():
+        print(f"fedshift run: report: {report} (tables and figures beside it; HTML: snakemake --configfile {path} "
+              "--report report.html)", file=sys.stderr)
+    return rc
+
+
+def _snakemake(cmd) -> int:
+    """Run Snakemake and return its exit status. Ctrl-C reaches it too (one process group): it stops its
+    jobs, and this process waits for it instead of leaving it behind."""
+    import subprocess
+
+    proc = subprocess.Popen(cmd)
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            continue

@@ -22,10 +22,11 @@ from typing import Iterable
 
 import pandas as pd
 
-from ..config import safe_load_yaml
+from ..config import safe_load_yaml, values_text
 from ..data.store import atomic_write_text
 from ..errors import ConfigError
 from ..provenance import stale
+from . import runs_read
 
 ID_COLUMNS = ["scenario", "public", "method", "base_method", "structure", "seed"]
 
@@ -57,6 +58,10 @@ def load_run(run_dir: Path) -> pd.DataFrame:
         chosen = json.loads((run_dir / "metrics.json").read_text()).get("selected_rounds") or {}
     df["selected_round"] = df["participant"].map(chosen) if chosen else float("nan")
     df["tuned"] = bool(cfg.get("tuned"))  # its values were chosen on validation (fedshift.tune)
+    # the chosen values, for the tables' `tuned` column (issue 50): "lr=0.003 beta=0.9"
+    chosen_values = (cfg.get("tuned") or {}).get("chosen") or {}
+    df["tuned_values"] = values_text(chosen_values)
+    df["run_dir"] = str(run_dir)  # the folder read (seed<k>-<identity>: issue 50)
     return df
 
 
@@ -72,7 +77,8 @@ def pretrain_rows(fed_cfgs: Iterable[dict], pretrain_dirs: Iterable[Path]) -> pd
             d = d.parent
         cfg = _config(d)
         df = pd.read_csv(d / "rounds.csv")
-        last[(cfg["scenario"], cfg["participant"], cfg["arch"], int(cfg["seed"]))] = df[df["round"] == df["round"].max()]
+        last[(cfg["scenario"], cfg["participant"], cfg["arch"], int(cfg["seed"]))] = (
+            df[df["round"] == df["round"].max()].assign(run_dir=str(d)))
     frames, seen = [], set()
     for cfg, final_round in fed_cfgs:
         key = (cfg["scenario"], cfg["public"], cfg["structure"], int(cfg["seed"]))
@@ -124,8 +130,10 @@ def collect(run_dirs: Iterable[Path], out: Path, pretrain_dirs: Iterable[Path] =
         frames.append(pretrain_rows(cfgs, pretrain_dirs))
     df = pd.concat(frames, ignore_index=True)
     cols = ID_COLUMNS + ["round", "participant", "arch", "domain", "kind", "top1", "top5", "local_epochs", "data_seed", "protocol",
-                         "select", "selected_round", "tuned"]
+                         "select", "selected_round", "tuned", "tuned_values", "run_dir"]
     df = df.reindex(columns=list(dict.fromkeys(list(df.columns) + cols)))
     df = df[cols].sort_values(["scenario", "public", "structure", "method", "seed", "round", "participant", "domain"])
     atomic_write_text(Path(out), df.to_csv(index=False))
+    # which folders were read, with their identity and the sha256 of the rounds.csv read (issue 50)
+    runs_read.write(Path(out), runs_read.record(run_dirs, pretrain_dirs))
     return df

@@ -74,6 +74,15 @@ def tuned_budget(report_cfg: dict, sub: pd.DataFrame) -> str:
             f"selected by {t.get('metric')} on validation.")
 
 
+def tuned_values(df: pd.DataFrame) -> dict:
+    """method -> the values its tune chose (``lr=0.003 beta=0.9``, collect's ``tuned_values``), '' for an
+    untuned method: the tables' ``tuned`` column (issue 50)."""
+    if "tuned_values" not in df.columns:
+        return {}
+    vals = df.assign(tuned_values=df["tuned_values"].fillna("").astype(str)).groupby("method")["tuned_values"]
+    return {m: " / ".join(sorted(set(v) - {""})) for m, v in vals}
+
+
 def participant_archs(df: pd.DataFrame) -> dict:
     """participant -> architecture of one (scenario, public, structure) group's runs (``arch`` column)."""
     if "arch" not in df.columns:

@@ -27,13 +27,14 @@ from ..tracking import report_run
 from .delta_markdown import interval_coverage  # what the intervals cover, said once for every section
 from .figures import report_figures  # per-participant, heatmaps, cross-correlation, ablations, t-SNE
 from .frames import headline_frame, participant_archs
-from .frames import selection_note, tuned_budget
+from .frames import selection_note, tuned_budget, tuned_values
 from .frames import topk as _topk
 from .h2l import h2l_section  # FedH2L Table II (ACC / WDP / CDP) when the runs wrote pooled rows
 from .html import write_html_views  # report.md and claims.csv shown inline by snakemake --report
 from .palette import method_colours
 from .paper_delta import delta_report  # published tables (report.published) and the papers' claims
 from .rounds import rounds_report
+from . import runs_read
 from .stats import fmt_interval, half_width
 
 
@@ -76,12 +77,16 @@ def _header(col: str, archs: Optional[Dict[str, str]]) -> str:
 
 
 def to_markdown(table: pd.DataFrame, title: str, std: Optional[pd.DataFrame] = None,
-                archs: Optional[Dict[str, str]] = None) -> str:
+                archs: Optional[Dict[str, str]] = None, tuned: Optional[Dict[str, str]] = None) -> str:
     """``std`` here is the 95% half-width table (:func:`ci_table`): ``mean ± half`` (``mean [lo, hi]``
-    where the interval is clipped to [0, 100]); bold = the column's best mean."""
+    where the interval is clipped to [0, 100]); bold = the column's best mean. ``tuned``: method -> the values
+    its tune chose (``frames.tuned_values``): a last column ``tuned`` when a row of the table was tuned."""
     cols = [c for c in table.columns if c != "seeds"]
-    lines = [f"### {title}", "", "| method | " + " | ".join(_header(c, archs) for c in cols) + " | seeds |",
-             "|---|" + "---:|" * len(cols) + "---:|"]
+    tuned = {m: v for m, v in (tuned or {}).items() if m in table.index}
+    mark = any(tuned.values())
+    lines = [f"### {title}", "", "| method | " + " | ".join(_header(c, archs) for c in cols) + " | seeds |"
+             + (" tuned |" if mark else ""),
+             "|---|" + "---:|" * len(cols) + "---:|" + ("---|" if mark else "")]
     best = {c: table[c].round(2).max() for c in cols}
     for method, row in table.iterrows():
         cells = []
@@ -91,7 +96,8 @@ def to_markdown(table: pd.DataFrame, title: str, std: Optional[pd.DataFrame] = N
             if round(row[c], 2) == best[c] and len(table) > 1:
                 v = f"**{v}**"
             cells.append(v)
-        lines.append(f"| {method} | " + " | ".join(cells) + f" | {int(row['seeds'])} |")
+        lines.append(f"| {method} | " + " | ".join(cells) + f" | {int(row['seeds'])} |"
+                     + (f" {tuned.get(method) or 'no'} |" if mark else ""))
     return "\n".join(lines) + "\n"
 
 
@@ -192,7 +198,8 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
                 sd.to_csv(tmp / f"std_table_{kind}__{slug}.csv")  # std over seeds, same layout
                 ci = ci_table(sd, t["seeds"])
                 ci.to_csv(tmp / f"ci_table_{kind}__{slug}.csv")  # 95% CI half-width, same layout
-                md.append(to_markdown(t, f"{tname} {metric}: {scen} / public {pub} / {struct}", ci, archs))
+                md.append(to_markdown(t, f"{tname} {metric}: {scen} / public {pub} / {struct}", ci, archs,
+                                      tuned_values(sub)))
                 if kind == "inter":
                     md += mixed_protocols(sub)
             md.append(selection_note(sub[sub["method"] != "base_pretrain"], last_k)
@@ -218,7 +225,7 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
                     sub = df[(df.scenario == scen) & (df.public == pub) & (df.structure == struct)]
                     md.append(to_markdown(t, f"{spec.get('title', spec['name'])} ({kind}, {metric}): "
                                              f"{scen} / {pub} / {struct}", ci_table(sd, t["seeds"]),
-                                          participant_archs(sub[sub["method"] != "base_pretrain"])))
+                                          participant_archs(sub[sub["method"] != "base_pretrain"]), tuned_values(sub)))
                 pd.concat(both, axis=1).to_csv(tmp / f"{spec['name']}__{_slug(scen, pub, struct)}.csv")
                 named[(spec["name"], scen, pub, struct)] = (pd.concat(both, axis=1), pd.concat(stds, axis=1))
         md += tuned_section(report_cfg, tmp)  # issue 36: the values chosen on validation, every candidate's score
@@ -226,6 +233,7 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
         md.extend(h2l_section(df, report_cfg, tmp, last_k))
         md += rounds_report(full, tmp, report_cfg, last_k)
         md += report_figures(df, tmp, report_cfg, last_k, tables=named)
+        md += runs_read.section(Path(runs_csv), tmp)  # issue 50: the run folders read, each with its identity
         (tmp / "report.md").write_text("\n".join(md))
         write_html_views(tmp)
         written = sorted(tmp.iterdir())
@@ -261,24 +269,52 @@ def tuned_section(report_cfg: Dict, out: Path) -> List[str]:
              f"tuning seeds {b.get('seeds')}; {b.get('rounds')} rounds, early-stopping patience {b.get('patience')}); "
              "test data never seen. `val score`: the chosen candidate's; `diverged`: how many candidates' loss or "
              "weights became non-finite (never chosen); `scores`: every candidate's values and validation score (%), "
-             "`diverged` in place of a score; `(tie of k: first listed)` after a chosen value: k candidates share the "
-             "best score and the first listed is taken (docs/tuning.md).", "",
-             "| scenario | public | method | structure | parameter | candidates | chosen | val score (%) | diverged | scores |",
-             "|---|---|---|---|---|---|---|---:|---|---|"]
-    edges = []
+             "`diverged` in place of a score; `(tie of k: first listed)` after a chosen value: the best-scoring "
+             "candidates hold k values of this parameter and the first listed is taken; `(no effect)`: no value "
+             "of this parameter changed any candidate's score; `budget`: candidates x rounds x tuning seeds "
+             "(docs/tuning.md).", "",
+             "| scenario | public | method | structure | parameter | candidates | chosen | val score (%) | diverged "
+             "| budget | scores |",
+             "|---|---|---|---|---|---|---|---:|---|---:|---|"]
+    edges, inert = [], []
     for r in df.itertuples(index=False):
         chosen = f"{r.chosen}"
         if _on_edge(r.candidates, r.chosen):
             chosen += " (edge)"
             edges.append(f"{r.method} {r.parameter}")
-        tied = [x for x in str(r.scores).split("; ") if x.rsplit(": ", 1)[-1] == f"{r.val_score:.2f}"]
-        if len(tied) > 1:  # chosen by order among equal scores (often: all at chance)
-            chosen += f" (tie of {len(tied)}: first listed)"
+        tied = int(r.tied_values) if "tied_values" in df.columns else 1  # per parameter (issue 50)
+        if tied > 1:  # chosen by order among equal scores (often: all at chance)
+            chosen += f" (tie of {tied}: first listed)"
+        if "no_effect" in df.columns and str(r.no_effect) == "True":
+            chosen += " (no effect)"
+            inert.append(f"{r.method} {r.parameter} ({r.scenario} / {r.structure})")
         div = (f"{r.diverged} of {r.n_candidates}" if "n_candidates" in df.columns else "")
         lines.append(f"| {r.scenario} | {r.public} | {r.method} | {r.structure} | {r.parameter} | {r.candidates} | "
-                     f"{chosen} | {r.val_score:.2f} | {div} | {r.scores} |")
+                     f"{chosen} | {r.val_score:.2f} | {div} | {getattr(r, 'budget', '')} | {r.scores} |")
     if edges:
         lines += ["", f"**Chosen at the edge of its range** (the smallest or largest of more than two numeric "
                       f"candidates): {', '.join(edges)}. The best value may lie outside the range searched; "
                       "widen it before reading these rows as tuned."]
+    if inert:
+        lines += ["", f"**No effect on any score:** {', '.join(inert)}: every value gave every candidate the same "
+                      "validation score (the method may not use it under this grid's protocol: `fedshift validate` "
+                      "warns of hooks a protocol never calls)."]
+    lines += unequal_budgets(df)
     return lines + [""]
+
+
+def unequal_budgets(tuned: pd.DataFrame) -> List[str]:
+    """A warning per (scenario, public, structure) whose tuned methods had different budgets (candidates x
+    rounds x tuning seeds): a method searched with fewer candidates is compared at a disadvantage (issue 50)."""
+    if "budget" not in tuned.columns:
+        return []
+    out = []
+    per = tuned.drop_duplicates(["scenario", "public", "structure", "method"])
+    for (scen, pub, struct), g in per.groupby(["scenario", "public", "structure"]):
+        if g["budget"].nunique() > 1:
+            each = ", ".join(f"{r.method} {r.n_candidates} x {r.rounds} x {len(str(r.seeds).split())} = {r.budget}"
+                             for r in g.itertuples(index=False))
+            out += ["", f"**⚠ Unequal tuning budgets** on {scen} / {pub} / {struct} (candidates x rounds x tuning "
+                        f"seeds = rounds of tuning): {each}. A method tuned with fewer candidates is compared at a "
+                        "disadvantage: give every method the same number of candidates."]
+    return out
