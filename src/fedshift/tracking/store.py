@@ -120,12 +120,14 @@ def experiment_description(name: str, experiment_id: str) -> str:
                 "`fedshift.kind: tune`, `tune.<parameter>`, `tune.diverged`. The chosen values and every "
                 "candidate's score: `tuned.csv` and the report's Tuned hyper-parameters section (docs/tuning.md). "
                 "The seeded runs are in the experiment named after the scenario.")
-    # The experiments list shows a description as raw text: its first paragraph is plain words; the link follows.
-    return (f"Federated runs of scenario {name}: AVG inter / intra of every method, one run per method x seed x "
-            "structure x public set.\n\n"
-            f"**[Open the headline view]({headline_view_path(experiment_id)})**: these runs side by side.\n\n"
-            "Run name `<method> s<seed> <structure> <public set> <identity>` (the identity: the first characters "
-            "of the run's settings hash, tag `fedshift.identity`). The headline view: federated runs sorted by name, first columns "
+    # The experiments list shows a description as raw text (its start: plain words); the runs page shows the
+    # rendered first line without expanding it (the link). Issue 50, benchmarks/results/first_view/.
+    return (f"Federated runs of scenario {name}. **[Open the headline view]({headline_view_path(experiment_id)})**: "
+            "AVG inter / intra of every run side by side.\n\n"
+            "One run per method x seed x structure x public set, run name `<method> s<seed> <structure> <public set> "
+            "<identity>` (the identity: the first characters of the run's settings hash, tag `fedshift.identity`; "
+            "two grids that set a method differently give two runs). The headline view: federated runs sorted by "
+            "name, first columns "
             "`table/AVG_inter` and `table/AVG_intra` (percent, rounded to 0.01: the AVG columns of the "
             "report's tables for that seed), then `time/total_s`, `method`, `structure`; a first chart "
             "section with the headline per method. Per-round curves: `avg/inter/top1`, "
