@@ -128,7 +128,27 @@ def cmd_run(args) -> int:
     if rc == 0 and not dry and report.exists():
         print(f"fedshift run: report: {report} (tables and figures beside it; HTML: snakemake --configfile {path} "
               "--report report.html)", file=sys.stderr)
+        for line in _headline_urls({j.scenario for j in plan.federate}):
+            print(line, file=sys.stderr)
     return rc
+
+
+def _headline_urls(scenarios) -> list:
+    """``fedshift run: MLflow <scenario>: <URL>`` per scenario of the grid: after ``mlflow ui``, the URL opens
+    the headline view in "Model training" mode (docs/tracking.md); nothing when tracking is off or fails."""
+    import os
+
+    if os.environ.get("FEDSHIFT_TRACKING", "mlflow") == "none" or not (
+            os.environ.get("MLFLOW_TRACKING_URI") or Path("mlflow.db").exists()):
+        return []
+    try:
+        from ..tracking import headline_view_urls
+
+        urls = headline_view_urls()
+    except Exception:  # tracking never costs a result, nor the run's last lines
+        return []
+    return [f"fedshift run: MLflow {name} (after `mlflow ui`): {url}" for name, url in sorted(urls.items())
+            if name in scenarios]
 
 
 def _snakemake(cmd) -> int:
