@@ -461,7 +461,7 @@ def evaluate_run(run_dir: Path, device: str = "cpu", bf16: Optional[bool] = None
     path = run_dir / "models.pt"
     if not (run_dir / "config.yaml").exists() or not path.exists():
         raise ConfigError(f"{run_dir} holds no config.yaml + models.pt; give a finished federated run folder "
-                          "(results/federate/<scenario>/<public>/<method>/<structure>/seed<n>)")
+                          "(results/federate/<scenario>/<public>/<method>/<structure>/seed<n>-<identity>)")
     from .config import safe_load_yaml
 
     cfg = safe_load_yaml((run_dir / "config.yaml").read_text(), str(run_dir / "config.yaml"))
