@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from helpers import pipeline_copy, tiny_grid
+from helpers import pipeline_copy, planned_dir, run_dir, tiny_grid
 
 pytestmark = pytest.mark.slow
 
@@ -94,8 +94,11 @@ def test_mlflow_holds_every_run_with_metrics_and_artifacts(ran):
     kinds = sorted(r.data.tags["fedshift.kind"] for r in runs)
     assert kinds == ["federate"] * 4 + ["pretrain"] * 4
     assert len({r.info.run_name for r in runs}) == 8  # short names, one per job
-    fed = next(r for r in runs if r.info.run_name == "fccl_plus s0 homo_lenet photo_patches")
-    assert fed.data.tags["fedshift.run_key"] == "federate/rotmnist/photo_patches/fccl_plus/homo_lenet/seed0"
+    fed = next(r for r in runs if r.info.run_name.startswith("fccl_plus s0 homo_lenet photo_patches "))
+    folder = run_dir(root, "rotmnist/photo_patches/fccl_plus/homo_lenet/seed0")  # <slot>-<identity> (issue 50)
+    assert fed.data.tags["fedshift.run_key"] == f"federate/{folder.relative_to(root / 'results/federate')}"
+    assert folder.name.endswith(fed.data.tags["fedshift.identity"]) and fed.info.run_name.endswith(
+        fed.data.tags["fedshift.identity"][:6])
     assert fed.info.status == "FINISHED"
     # the tables' number is a metric; device and phase times are recorded
     assert 0 < fed.data.metrics["table/AVG_inter"] <= 100
@@ -137,14 +140,14 @@ def test_every_run_folder_records_the_current_manifests(ran):
         for name, path in rec["paths"].items():
             assert rec["inputs"][name] == sha256_file(root / path), (folder, name)
         assert "partition/rotmnist" in rec["inputs"] and len(rec["code"]["files_sha256"]) == 64
-    fccl = json.loads((root / "results/federate/rotmnist/photo_patches/fccl_plus/homo_lenet/seed0/inputs.json").read_text())
+    fccl = json.loads((run_dir(root, "rotmnist/photo_patches/fccl_plus/homo_lenet/seed0") / "inputs.json").read_text())
     assert sorted(fccl["inputs"]) == ["base/0", "base/1", "base/2", "base/3", "partition/rotmnist", "public/photo_patches"]
     import mlflow  # the MLflow run carries the same code version, and says whether the tree was dirty
 
     client = mlflow.MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     exp = client.get_experiment_by_name("rotmnist")
     (run,) = [r for r in client.search_runs([exp.experiment_id], max_results=100)
-              if r.data.tags["fedshift.run_key"].endswith("/fccl_plus/homo_lenet/seed0")]
+              if "/fccl_plus/homo_lenet/seed0-" in r.data.tags["fedshift.run_key"]]
     code = fccl["code"]
     assert run.data.tags["code.sha256"] == code["files_sha256"]
     assert run.data.tags["git.dirty"] == str(code["dirty"]).lower()
@@ -193,14 +196,16 @@ def test_command_line_overrides_plan_through_snakemake(project):
     so the module's grid is left alone) plus Snakemake's own `--config engine='{rounds: 1}'`, whose
     BaseLoader strings the workflow types: Snakemake plans exactly that one job, from a config with
     both (planning writes it; a dry run: the real job would add ~25 s and nothing this checks)."""
-    target = "results/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed7/metrics.json"
+    slot = "rotmnist/photo_patches/fedavg/homo_lenet/seed7"
     res = run("FEDSHIFT_TRACKING=none fedshift run grid.0.seeds=[7] grid.0.methods=[fedavg] report.name=cli "
-              f"-- -n --cores 1 {target} --config 'engine={{rounds: 1, lr: 1e-3}}'", project)
+              "-- -n --cores 1 --config 'engine={rounds: 1, lr: 1e-3}'", project)
     assert "grid.0.seeds=[7], grid.0.methods=[fedavg], report.name=cli on params/experiments.yaml: " \
            "0 pretrain and 1 federate jobs planned" in res.stderr
     planned = [l.strip() for l in res.stdout.splitlines() if l.strip().startswith("output: results/federate/")]
-    assert len(planned) == 1 and planned[0].startswith(f"output: {target},"), res.stdout[-2000:]
-    cfg = yaml.safe_load((project / "results/configs/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed7.yaml").read_text())
+    assert len(planned) == 1 and planned[0].startswith(f"output: results/federate/{slot}-"), res.stdout[-2000:]
+    (path,) = (project / "results/configs/federate").glob(f"{slot}-*.yaml")
+    cfg = yaml.safe_load(path.read_text())
+    assert planned[0].startswith(f"output: results/federate/{slot}-{cfg['identity']}/metrics.json")
     assert cfg["seed"] == 7 and cfg["engine"]["rounds"] == 1 and cfg["engine"]["lr"] == 0.001
     assert cfg["engine"]["local_batch"] == TINY_GRID["engine"]["local_batch"]  # the rest of the grid kept
 
@@ -249,8 +254,8 @@ def test_kill9_then_data_change_then_rerun_starts_afresh(ran):
                 grid=[dict(TINY_GRID["grid"][0], methods=["fedavg"])])
     (root / "long.yaml").write_text(yaml.safe_dump(grid))
     env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", MLFLOW_DISABLE_TELEMETRY="true", FEDSHIFT_TRACKING="none")
-    run_dir = root / "results/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed0"
-    partial = run_dir.parent / "seed0.partial"
+    folder = root / planned_dir(root, "rotmnist/photo_patches/fedavg/homo_lenet/seed0", configfiles=["long.yaml"])
+    partial = folder.parent / f"{folder.name}.partial"
     smk = subprocess.Popen("exec snakemake --cores 1 --configfile long.yaml", cwd=root, env=env, shell=True,
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
@@ -260,9 +265,9 @@ def test_kill9_then_data_change_then_rerun_starts_afresh(ran):
     smk.send_signal(signal.SIGKILL)
     smk.wait()
     time.sleep(5)  # the job got SIGTERM from the kernel (PR_SET_PDEATHSIG) and stopped
-    log = root / "logs/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed0.log"
+    log = root / "logs" / folder.relative_to(root / "results").with_suffix(".log")
     assert "stopped by SIGTERM" in log.read_text(), log.read_text()[-2000:]
-    assert not (run_dir / "metrics.json").exists()  # nothing published behind the dead workflow
+    assert not (folder / "metrics.json").exists()  # nothing published behind the dead workflow
     data = yaml.safe_load((root / "params/data.yaml").read_text())
     data["scenarios"]["rotmnist"]["seed"] = 1
     (root / "params/data.yaml").write_text(yaml.safe_dump(data))
@@ -297,7 +302,7 @@ def test_data_seed_run_redraws_each_seeds_partition(ran):
     idx = [np.load(m.parent / "m0/private_index.npy") for m in man]
     assert not np.array_equal(np.sort(idx[0]), np.sort(idx[1]))  # another private subset, not another order
     for k in (0, 1):
-        cfg = yaml.safe_load((root / f"results/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed{k}/config.yaml")
+        cfg = yaml.safe_load((run_dir(root, f"rotmnist/photo_patches/fedavg/homo_lenet/seed{k}") / "config.yaml")
                              .read_text())
         assert cfg["paths"]["partition"].endswith(f"partitions_seeded/rotmnist/seed{k}")
     report = (root / "results/ablations/ds/report/report.md").read_text()
@@ -327,25 +332,26 @@ def test_data_rebuilt_under_finished_runs_reruns_them_and_evaluate_refuses(ran, 
 
     assert re.search(r"\bfederate\s+4\n", dry) and re.search(r"\bpretrain\s+4\n", dry), dry[-3000:]
     assert re.search(r"params have changed since last execution:\s+federate, pretrain", dry), dry[-3000:]
-    run_dir = "results/federate/rotmnist/photo_patches/fedmd/homo_lenet/seed0"
+    folder = str(run_dir(root, "rotmnist/photo_patches/fedmd/homo_lenet/seed0").relative_to(root))
     from fedshift.cli import main
 
     monkeypatch.chdir(root)  # the command in-process (a second interpreter costs seconds); paths are the project's
-    assert main(["evaluate", run_dir]) == 2
+    assert main(["evaluate", folder]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"{run_dir} was trained on partition/rotmnist sha256" in err[0] and "--force" in err[0]
+    assert len(err) == 1 and f"{folder} was trained on partition/rotmnist sha256" in err[0] and "--force" in err[0]
     from fedshift.provenance import stale
 
-    why = stale(root / run_dir, base=root)  # what collect lists when it leaves the run out
-    assert why.startswith(f"{root / run_dir}: input partition/rotmnist (build/partitions/rotmnist/manifest.json)"), why
+    why = stale(root / folder, base=root)  # what collect lists when it leaves the run out
+    assert why.startswith(f"{root / folder}: input partition/rotmnist (build/partitions/rotmnist/manifest.json)"), why
 
 
 def test_dvc_builds_only_what_the_grid_reads(project):
     """Issue 35: the workflow's dvc_repro job names the partitions and public sets of the grid's jobs as
     `dvc repro` targets (their datasets follow through dvc.yaml), not every stage of params/data.yaml."""
     res = run("FEDSHIFT_TRACKING=none snakemake -n -p -f --cores 1 dvc_repro", project)
-    (line,) = [l.strip() for l in res.stdout.splitlines() if l.strip().startswith("dvc repro")]
+    (line,) = [l.strip() for l in res.stdout.splitlines() if "fedshift dvc-repro" in l]
     scenarios = {s for b in TINY_GRID["grid"] for s in b["scenarios"]}
     publics = {p for b in TINY_GRID["grid"] for p in b["public"]}
-    targets = line.split(">")[0].split()[2:]
+    targets = line.split(" -- ", 1)[1].split()
+    assert "error" not in res.stdout + res.stderr  # the printed command holds no error text (issue 50)
     assert sorted(targets) == sorted([f"partition@{s}" for s in scenarios] + [f"public@{p}" for p in publics]), line
