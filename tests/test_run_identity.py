@@ -99,6 +99,37 @@ def test_validate_warns_when_the_protocol_never_calls_a_methods_aggregate(tmp_pa
     assert err == [f"fedshift: warning: {unreached_hooks(load_experiments(local, DATA))[0]}"]
 
 
+def test_a_report_says_which_run_it_read_is_no_longer_the_one_it_read(tmp_path):
+    """runs_read: the four ways a run read by a report goes stale, each named in one line."""
+    from fedshift.report import runs_read
+
+    cfgs = _cfgs(_plan())
+    folders = {}
+    for m in ("fedavg", "fedmd", "fccl"):
+        d = tmp_path / "results/federate" / cfgs[m]["run_name"][len("federate/"):]
+        d.mkdir(parents=True)
+        (d / "config.yaml").write_text(yaml.safe_dump(cfgs[m]))
+        (d / "rounds.csv").write_bytes(b"round,top1\r\n0,0.1\r\n")
+        folders[m] = str(d.relative_to(tmp_path))
+    frame = runs_read.record([tmp_path / f for f in folders.values()])
+    assert list(frame["identity"]) == [cfgs[m]["identity"] for m in folders]
+    frame["run_dir"] = list(folders.values())  # as collect gets them from Snakemake: relative
+    planned = {f for f in folders.values()}
+    assert runs_read.stale_runs(frame, base=tmp_path, planned=planned) == []
+    edited = dict(cfgs["fedavg"], engine={**cfgs["fedavg"]["engine"], "lr": 0.5})
+    (tmp_path / folders["fedavg"] / "config.yaml").write_text(yaml.safe_dump(edited))
+    (tmp_path / folders["fedmd"] / "rounds.csv").write_bytes(b"round,top1\r\n0,0.2\r\n")
+    shutil.rmtree(tmp_path / folders["fccl"])
+    lines = runs_read.stale_runs(frame, base=tmp_path, planned=planned)
+    assert [line.split(": ")[1] for line in lines] == ["settings", "newer run", "gone (the report read it; rerun the grid)"]
+    assert lines[0].startswith(f"{folders['fedavg']}: settings: its config.yaml now hashes to {run_identity(edited)}")
+    frame = frame.iloc[[1]]  # fedmd: current again, but the grid no longer asks for it
+    (tmp_path / folders["fedmd"] / "rounds.csv").write_bytes(b"round,top1\r\n0,0.1\r\n")
+    assert runs_read.stale_runs(frame, base=tmp_path, planned=planned - {folders["fedmd"]}) == [
+        f"{folders['fedmd']}: not asked: the grid no longer asks for this run (its settings changed); snakemake "
+        "reruns the grid and its report"]
+
+
 @pytest.mark.slow
 def test_two_grids_that_set_one_method_differently_both_survive_and_both_reports_stay_current(tiny_data, tmp_path):
     """The done-when of issue 50: grid b sets FedAvg's scoring protocol otherwise than grid a; both sets of runs

@@ -428,3 +428,25 @@ def test_a_global_metric_candidate_is_scored_on_pooled_validation(tiny_data, tmp
     ((key, cfg),) = tune.plan_tune(grid, plan, results=str(tmp_path / "results")).candidates.items()
     m = tune.run_candidate(cfg, tmp_path / key)
     assert 0.0 <= m["tune"]["score"] <= 1.0 and 1 <= m["tune"]["best_round"] <= m["tune"]["rounds_run"] <= 3
+
+
+def test_tuned_rows_carry_their_chosen_values_in_every_table():
+    """Issue 50: a 3x lr difference was invisible in the tables (one sentence named the tuned methods)."""
+    import pandas as pd
+
+    from fedshift.report import rounds
+    from fedshift.report.frames import tuned_values
+    from fedshift.report.report import to_markdown
+
+    runs = pd.DataFrame({"method": ["fedavg", "fedavg", "fedmd", "fedprox", "fedprox"],
+                         "tuned_values": ["lr=0.003", "lr=0.003", None, "lr=0.01 mu=0.1", "lr=0.03 mu=0.1"]})
+    tuned = tuned_values(runs)
+    assert tuned == {"fedavg": "lr=0.003", "fedmd": "", "fedprox": "lr=0.01 mu=0.1 / lr=0.03 mu=0.1"}
+    table = pd.DataFrame({"m0→": [50.0, 40.0], "AVG→": [50.0, 40.0], "seeds": [1, 1]}, index=["fedavg", "fedmd"])
+    md = to_markdown(table, "t", tuned=tuned).splitlines()
+    assert md[2].endswith("| seeds | tuned |") and md[4].endswith("| 1 | lr=0.003 |") and md[5].endswith("| 1 | no |")
+    assert "tuned" not in to_markdown(table, "t", tuned={"fedavg": "", "fedmd": ""})  # no tuned row: no column
+    rt = pd.DataFrame({"rounds_to/0.5": [3.0, 4.0], "reached/0.5": [1, 1], "reduce/0.5": [0.0, -33.3],
+                       "global/top1": [60.0, 55.0], "seeds": [1, 1]}, index=["fedavg", "fedmd"])
+    lines = rounds.to_markdown(rt, [0.5], "t", tuned=tuned).splitlines()
+    assert lines[2].endswith("| seeds | tuned |") and lines[4].endswith("| 1 | lr=0.003 |")

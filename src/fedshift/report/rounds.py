@@ -24,7 +24,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 import pandas as pd
 
-from .frames import tuned_budget
+from .frames import tuned_budget, tuned_values
 
 BASELINE = "fedavg"
 GROUP = ["scenario", "public", "structure"]
@@ -90,11 +90,15 @@ def _fmt_rounds(v: float, reached: int, seeds: int) -> str:
 
 
 def to_markdown(table: pd.DataFrame, targets: Sequence[float], title: str,
-                published: Optional[pd.DataFrame] = None) -> str:
+                published: Optional[pd.DataFrame] = None, tuned: Optional[Dict[str, str]] = None) -> str:
+    """``tuned``: method -> its tune's chosen values (``frames.tuned_values``): a ``tuned`` column when a row was."""
     head = ["method"]
     for t in targets:
         head += [f"rounds to {100 * t:g}%", "reduce"]
     head += ["final top-1 (%)", "seeds"]
+    mark = any((tuned or {}).get(m) for m in table.index)
+    if mark:
+        head += ["tuned"]
     has_pub = published is not None and len(published) > 0
     if has_pub:
         head += ["published (paper, table)"]
@@ -111,7 +115,7 @@ def to_markdown(table: pd.DataFrame, targets: Sequence[float], title: str,
                 cells.append("(ref)")
             else:
                 cells.append("-" if red != red or censored else f"{red:.1f}%")  # no reduction from a lower bound
-        cells += [f"{row['global/top1']:.2f}", str(int(row["seeds"]))]
+        cells += [f"{row['global/top1']:.2f}", str(int(row["seeds"]))] + ([(tuned or {}).get(method) or "no"] if mark else [])
         if has_pub:
             pub = published[published["method"] == method]
             cells.append("; ".join(f"{r.metric} = {r.value:g} ({r.paper} {r.table})" for r in pub.itertuples())
@@ -173,7 +177,7 @@ def rounds_report(df: pd.DataFrame, out_dir: Path, report_cfg: Mapping, last_k: 
         table.to_csv(Path(out_dir) / f"rounds__{slug}.csv")
         p = published[published["scenario"] == stand_in.get(scen, scen)]
         p = p[p["metric"].astype(str).str.startswith(("rounds_to/", "global/"))]
-        md.append(to_markdown(table, targets, f"{scen} / public {pub} / {struct}", p))
+        md.append(to_markdown(table, targets, f"{scen} / public {pub} / {struct}", p, tuned_values(gg)))
         md += tuned_rounds_note(gg, report_cfg)  # issue 36: which rows ran at tuned values, by what budget
         curves_figure(gg, Path(out_dir) / f"global_curves__{slug}.png", f"{scen} / {struct}", targets)
         md.append(f"![global accuracy per round](global_curves__{slug}.png)\n")
