@@ -28,15 +28,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import signal
-import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from mlflow_screenshots import Browser, RenderTimeout, fail, find_chromium, free_port  # noqa: E402
+from mlflow_screenshots import Browser, RenderTimeout, ServerError, fail, find_chromium, mlflow_server  # noqa: E402
 
 TEXT_JS = "document.body ? document.body.innerText : ''"
 CLICK_JS = """((sel, text) => { const e = [...document.querySelectorAll(sel)].find(e => (e.innerText || '').trim() === text);
@@ -89,28 +86,22 @@ def main(argv=None) -> int:
     if exp is None:
         return fail(f"no experiment {args.experiment!r} in {root / 'mlflow.db'}")
     args.out.mkdir(parents=True, exist_ok=True)
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
-                               f"sqlite:///{root / 'mlflow.db'}", "--default-artifact-root",
-                               (root / "mlartifacts").as_uri(), "--host", "127.0.0.1", "--port", str(port),
-                               "--workers", "1"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
-    browser = None
     try:
-        for _ in range(240):
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            return fail("mlflow server did not answer within 120 s")
-        browser = Browser(exe, size)
+        with mlflow_server(root) as base:
+            return _photograph(Browser(exe, size), base, args)
+    except ServerError as exc:
+        return fail(str(exc))
+    except RenderTimeout as exc:
+        return fail(str(exc), 1)
+
+
+def _photograph(browser: Browser, base: str, args) -> int:
+    try:
         shots = []
         browser.goto(f"{base}/")
-        text = wait_text(browser, "mlflow_first_open", [args.experiment, "Model training"], args.timeout, args.out)
-        shots.append(("mlflow_first_open.png", "GenAI" in text))
+        wait_text(browser, "mlflow_first_open", [args.experiment, "Model training"], args.timeout, args.out)
+        before = browser.eval("localStorage.getItem('mlflow.workflowType_v1')")
+        shots.append(("mlflow_first_open.png", f"a new profile: localStorage mlflow.workflowType_v1 = {before}"))
         browser.screenshot(args.out / shots[-1][0])
         click(browser, "label,button,span,div", "Model training")  # the one per-browser click
         time.sleep(2)
@@ -132,17 +123,8 @@ def main(argv=None) -> int:
             browser.screenshot(args.out / shots[-1][0])
         for name, note in shots:
             print(f"{args.out / name}: {note}")
-    except RenderTimeout as exc:
-        return fail(str(exc), 1)
     finally:
-        if browser is not None:
-            browser.close()
-        os.killpg(server.pid, signal.SIGTERM)
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        browser.close()
     return 0
 
 
