@@ -301,9 +301,9 @@ def test_data_seed_run_redraws_each_seeds_partition(ran):
     assert [json.loads(m.read_text())["params"]["seed"] for m in man] == [0, 1]
     idx = [np.load(m.parent / "m0/private_index.npy") for m in man]
     assert not np.array_equal(np.sort(idx[0]), np.sort(idx[1]))  # another private subset, not another order
-    for k in (0, 1):
-        cfg = yaml.safe_load((run_dir(root, f"rotmnist/photo_patches/fedavg/homo_lenet/seed{k}") / "config.yaml")
-                             .read_text())
+    read = pd.read_csv(root / "results/ablations/ds/collect/runs.csv").drop_duplicates("seed").set_index("seed")
+    for k in (0, 1):  # the grid's own folders (the module's other grids ran FedAvg seed 0 with other settings)
+        cfg = yaml.safe_load((root / read.loc[k, "run_dir"] / "config.yaml").read_text())
         assert cfg["paths"]["partition"].endswith(f"partitions_seeded/rotmnist/seed{k}")
     report = (root / "results/ablations/ds/report/report.md").read_text()
     assert "each seed drew its own private/public/test subsets (`data_seed: run`" in report
