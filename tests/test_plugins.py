@@ -164,7 +164,7 @@ def test_plugin_installed_by_pip_runs_through_snakemake_resumes_and_reports(tmp_
     site = tmp_path / "site"
     _run(f"{sys.executable} -m pip install -q --no-deps --no-build-isolation --no-index --target {site} {src}",
          tmp_path, _env())
-    env = _env(PYTHONPATH=str(site))
+    env = _env(PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))  # the sources under test too
     from importlib import metadata
 
     (dist,) = metadata.distributions(path=[str(site)])  # what pip wrote: the entry point fedshift reads

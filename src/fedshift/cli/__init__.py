@@ -4,6 +4,7 @@
     fedshift fetch DATASET            (DVC stage fetch@DATASET)
     fedshift public NAME              (DVC stage public@NAME)
     fedshift partition SCENARIO       (DVC stage partition@SCENARIO)
+    fedshift dvc-repro -- STAGES...   (Snakemake rule dvc_repro: dvc repro of the stages a grid reads)
     fedshift pretrain CONFIG OUT      (Snakemake rule pretrain)
     fedshift federate CONFIG OUT      (Snakemake rule federate)
     fedshift collect OUT RUN_DIRS...  (Snakemake rule collect)
