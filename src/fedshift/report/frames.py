@@ -79,7 +79,8 @@ def tuned_values(df: pd.DataFrame) -> dict:
     untuned method: the tables' ``tuned`` column (issue 50)."""
     if "tuned_values" not in df.columns:
         return {}
-    vals = df.assign(tuned_values=df["tuned_values"].fillna("").astype(str)).groupby("method")["tuned_values"]
+    text = df["tuned_values"].astype(object).where(df["tuned_values"].notna(), "").astype(str)  # all-NaN: float64
+    vals = df.assign(tuned_values=text).groupby("method")["tuned_values"]
     return {m: " / ".join(sorted(set(v) - {""})) for m, v in vals}
 
 
