@@ -14,6 +14,7 @@ help:  ## this list
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z]+):.*## /  make \1\t/' | expand -t 16
 
 install: $(STAMP)  ## create .venv/ and install the pinned stack (about 3.5 min; each package, then a line every 30 s)
+	@mkdir -p data  # data.dvc's folder (hand-supplied archives): git keeps no empty folder, and dvc repro needs it
 
 # --isolated ignores PIP_FIND_LINKS and user pip config: torch must come from PyPI (see README).
 $(STAMP): requirements.lock pyproject.toml

@@ -1,6 +1,6 @@
 """One training step per architecture, float32 against bf16 autocast, with and without recompute (not a test).
 
-The measurement behind ``engine.bf16_train: auto`` (engine/cpu.py ``TRAIN_BF16_BY_FAMILY``) and
+The measurement behind ``engine.bf16_train: auto`` (engine/cpu.py ``KIND_LEVERS``, ``train_bf16``) and
 ``engine.recompute_budget_mb`` (issue 40): for each architecture and batch, one forward + backward +
 Adam step of a channels_last model in training mode on random 3x32x32 (or 1x28x28 for the MNIST
 models) inputs, each setting in a fresh process (so its peak RSS is its own), the settings of one

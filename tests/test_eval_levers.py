@@ -7,7 +7,7 @@ import torch
 
 from fedshift.engine import cpu
 from fedshift.engine.config import EngineConfig
-from fedshift.engine.evaluation import (EVAL_DEFAULTS, correct_topk, eval_lever, fold_bn, inference_copy,
+from fedshift.engine.evaluation import (correct_topk, eval_lever, fold_bn, inference_copy,
                                         weights_layout)
 from fedshift.models import create_model
 
@@ -82,29 +82,20 @@ def test_folded_copy_keeps_layout():
     assert weights_layout(trained_looking("resnet10")) == torch.contiguous_format
 
 
-@pytest.mark.parametrize("kind", sorted(EVAL_DEFAULTS) + ["arm_neon"])
+@pytest.mark.parametrize("kind", sorted(cpu.KIND_LEVERS) + ["arm_neon"])
 def test_auto_resolves_per_cpu_kind(kind):
     """``auto`` takes the measured value of the given CPU kind; an unknown kind gets "other";
     an explicit true/false is kept whatever the kind."""
     cpu_dev = torch.device("cpu")
-    want = EVAL_DEFAULTS.get(kind, EVAL_DEFAULTS["other"])
+    want = cpu.KIND_LEVERS.get(kind, cpu.KIND_LEVERS["other"])
     for lever in ("fold_bn", "channels_last"):
-        assert eval_lever(lever, "auto", cpu_dev, kind=kind) is want[lever]
+        assert eval_lever(lever, "auto", cpu_dev, kind=kind) is getattr(want, f"eval_{lever}")
         assert eval_lever(lever, True, cpu_dev, kind=kind) is True
         assert eval_lever(lever, False, cpu_dev, kind=kind) is False
 
 
 def test_auto_on_cuda_is_other():
-    assert eval_lever("fold_bn", "auto", torch.device("cuda")) is EVAL_DEFAULTS["other"]["fold_bn"]
-
-
-@pytest.mark.parametrize("cap,bf16,kind", [("AVX512", True, "avx512_bf16"), ("AVX512", False, "avx512"),
-                                            ("AVX2", False, "avx2"), ("AVX2", True, "avx2"),
-                                            ("DEFAULT", False, "default")])
-def test_cpu_kind(monkeypatch, cap, bf16, kind):
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: cap)
-    monkeypatch.setattr(cpu, "bf16_supported", lambda device: bf16)
-    assert cpu.cpu_kind() == kind
+    assert eval_lever("fold_bn", "auto", torch.device("cuda")) is cpu.KIND_LEVERS["other"].eval_fold_bn
 
 
 def test_bf16_gated_on_the_cpu_flag(monkeypatch):
@@ -112,20 +103,20 @@ def test_bf16_gated_on_the_cpu_flag(monkeypatch):
     from fedshift.errors import ConfigError
 
     dev = torch.device("cpu")
-    monkeypatch.setattr(cpu, "bf16_supported", lambda device: False)
-    with pytest.raises(ConfigError, match="engine.bf16"):
+    monkeypatch.setattr(cpu, "cpu_kind", lambda: "avx512")
+    with pytest.raises(ConfigError, match="engine.bf16: true, but cpu has no hardware bf16 .CPU kind avx512"):
         cpu.check_bf16(True, dev)
     cpu.check_bf16("auto", dev)
     assert cpu.bf16_on("auto", dev) is False
     with cpu.autocast("auto", dev):
         assert not torch.is_autocast_enabled("cpu")
-    monkeypatch.setattr(cpu, "bf16_supported", lambda device: True)
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    monkeypatch.setattr(cpu, "cpu_kind", lambda: "avx512_bf16")
+    cpu.check_bf16(True, dev)
     assert cpu.bf16_on("auto", dev) is True
     with cpu.autocast("auto", dev):
         assert torch.is_autocast_enabled("cpu")
     assert cpu.bf16_on("auto", torch.device("cuda")) is False  # auto: the CPU kind's measured default only
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")  # AVX2 kernels: emulated bf16
+    monkeypatch.setattr(cpu, "cpu_kind", lambda: "avx2")
     assert cpu.bf16_on("auto", dev) is False
 
 

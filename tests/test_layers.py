@@ -14,7 +14,9 @@ its own layer from another unit and nothing above:
     6 runner (the composition: builds data, models and method from a config, drives the engine),
       resources (the memory a job needs, from its config: SLURM's mem_mb)
     7 experiments (the grid)
-    8 cli, the package itself, testing (tiny federations and the resume check for tests)
+    8 tune (tune, then run)
+    9 archive (the committed run records: staleness against the grid, the docs' generated tables)
+    10 cli, the package itself, testing (tiny federations and the resume check for tests)
 
 Every import counts, lazy ones inside functions too (they run as well); only imports
 under ``if TYPE_CHECKING:`` are left out. Imports are read with ``ast``, nothing is run.
@@ -39,7 +41,8 @@ LAYERS = {
     "fedshift.runner": 6, "fedshift.resources": 6,
     "fedshift.experiments": 7,
     "fedshift.tune": 8,
-    "fedshift.cli": 9, "fedshift.testing": 9, "fedshift": 9,
+    "fedshift.archive": 9,
+    "fedshift.cli": 10, "fedshift.testing": 10, "fedshift": 10,
 }
 ENTRY = {"fedshift", "fedshift.cli", "fedshift.cli.__main__", "fedshift.testing"}  # the package, the console script
 # (and `python -m fedshift.cli`, which the rules and tests run), and what tests import

@@ -93,12 +93,17 @@ def test_verdicts_tost_against_scipy():
         else:
             want = "inconclusive"
         assert verdict(m, h, published, n, margin) == want, (xs, published)
-    assert verdict(50.0, float("nan"), 49.0, 1) == "inconclusive (n = 1: no interval)"
-    assert verdict(50.0, float("nan"), 10.0, 1) == "inconclusive (n = 1: no interval)"
-    # three seeds that printed the same number: the spread is unmeasured, not zero (issue 39 item 2)
-    assert verdict(84.0, 0.0, 84.0, 3) == "inconclusive (zero-width interval: every seed gave the same number)"
-    assert verdict(84.0, 0.0, 40.0, 2).startswith("inconclusive (n = 2 < 3")
-    assert verdict(float("nan"), 1.0, 49.0, 0) == "not run"
+    assert verdict(50.0, float("nan"), 49.0, 1, margin) == "inconclusive (n = 1: no interval)"
+    assert verdict(50.0, float("nan"), 10.0, 1, margin) == "inconclusive (n = 1: no interval)"
+    # three seeds that printed the same number: the spread is unmeasured, not zero (issue 39 item 2); in
+    # floating point the half-width is not 0 but 5.4e-15 (issue 46): below the metric's resolution
+    m, h, n = (sum([10.73] * 3) / 3, 4.303 * 1e-15, 3)
+    for res in (None, 100 / 150):  # the fallback (test size unknown) and 150 test images
+        assert verdict(m, h, 10.73, n, margin, res).startswith("inconclusive (half-width below the metric's "
+                                                                "resolution")
+    assert verdict(84.0, 0.0, 40.0, 2, margin).startswith("inconclusive (n = 2 < 3")
+    assert verdict(float("nan"), 1.0, 49.0, 0, margin) == "not run"
+    assert verdict(50.0, 0.5, 49.0, 5) == "no margin: descriptive only"  # no grounded margin: no verdict
 
 
 def test_ranking_kendall_and_order():
@@ -392,6 +397,16 @@ def test_real_tiny_runs_end_to_end(tiny_data, tmp_path):
             assert row["delta"] == pytest.approx(row["ours"] - row["published"])
     md = (tmp_path / "rep/report.md").read_text()
     assert "fccl_plus Table XV: digits — PROXY: ours on rotmnist" in md
+    # issue 46: collect records what the protocol fingerprint and the resolution read, from each run's resolved
+    # config and its partition's manifest
+    collected = pd.read_csv(tmp_path / "runs.csv")
+    manifest = json.loads((Path(tiny_data) / "partitions/rotmnist/manifest.json").read_text())
+    sizes = {p: info["splits"]["test"]["n"] for p, info in manifest["participants"].items()}
+    assert all(json.loads(t) == sizes for t in collected["test_sizes"])
+    assert (collected["image_size"] == manifest["image_shape"][-1]).all() and (collected["test_protocol"] == "clean").all()
+    assert dict(collected.groupby("method")["public_aug"].first().fillna("")) == {"fedavg": "", "fedmd": "weak"}
+    avg = cells.loc[("fedavg", "inter/top1")]  # the AVG of inter accuracies: k^2 / sum(1 / n_j) images behind it
+    assert avg["resolution"] == pytest.approx(100 * sum(1 / n for n in sizes.values()) / len(sizes) ** 2)
 
 
 def test_delta_text_names_the_best_validation_selection_only_when_it_was_used():

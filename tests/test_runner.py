@@ -87,18 +87,20 @@ def test_failed_run_leaves_previous_outputs(tiny_data, tmp_path, monkeypatch):
 def test_metrics_say_how_this_machine_evaluated(tiny_data, tmp_path, bf16):
     """engine.bf16 / eval_fold_bn ``auto`` resolve per CPU kind: metrics.json records the resolved values
     (and the kind), so scores from an AVX2 and an AVX-512 BF16 machine can be told apart."""
-    from fedshift.engine.cpu import bf16_supported, cpu_kind
+    from fedshift.engine.cpu import KIND_LEVERS, cpu_capabilities, cpu_kind
 
     plan = _configs(tiny_data, method="fedavg", structure="homo_lenet", rounds=1, bf16=bf16)
     (cfg,) = plan.federate.values()
     runner.run_federate(cfg, tmp_path / "fed")
     numerics = json.loads((tmp_path / "fed/metrics.json").read_text())["numerics"]
     assert numerics["cpu_kind"] == cpu_kind()
-    assert numerics["eval_bf16"] is (bf16 == "auto" and cpu_kind() == "avx512_bf16"
-                                     and bf16_supported(torch.device("cpu")))
-    assert numerics["eval_fold_bn"] is (cpu_kind() in ("avx512_bf16", "avx512", "avx2"))
+    assert numerics["cpu_flags"] == [f for f, on in cpu_capabilities().items() if on]
+    levers = KIND_LEVERS.get(cpu_kind(), KIND_LEVERS["other"])
+    assert numerics["eval_bf16"] is (bf16 == "auto" and levers.eval_bf16)
+    assert numerics["eval_bf16"] is False or cpu_kind() in ("amx", "avx512_bf16")  # never where bf16 is emulated
+    assert numerics["eval_fold_bn"] is levers.eval_fold_bn
     assert numerics["torch"] == torch.__version__
-    # engine.bf16_train: auto keeps LeNets in float32 (no gain measured, TRAIN_BF16_BY_FAMILY); a LeNet has
+    # engine.bf16_train: auto keeps LeNets in float32 (no gain measured, engine/cpu.py KIND_LEVERS); a LeNet has
     # no block to checkpoint, so it never recomputes
     assert set(numerics["train_bf16"].values()) == {False}
     assert len(numerics["train_bf16"]) == 4 and set(numerics["recompute_above_batch"].values()) == {None}

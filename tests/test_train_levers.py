@@ -92,7 +92,7 @@ def test_bf16_train_same_values_with_and_without_graph_and_off_in_eval():
 
 
 def test_bf16_train_resolution_per_kind_and_family(monkeypatch):
-    """auto: on for the avx512_bf16 kind and the families measured to gain (TRAIN_BF16_BY_FAMILY), off for
+    """auto: on for the avx512_bf16 kind and the families measured to gain (KIND_LEVERS), off for
     EfficientNet (slower in bf16) and for families never measured; CUDA has engine.amp instead."""
     cpu_dev, cuda = torch.device("cpu"), torch.device("cuda", 0)
     monkeypatch.setattr(cpu, "cpu_kind", lambda: "avx512_bf16")

@@ -53,3 +53,17 @@ def test_tune_then_run_end_to_end(tiny_data, tmp_path):
     assert float(tuned["chosen"].iloc[0]) == chosen["chosen"]["engine.lr"] and tuned["n_candidates"].iloc[0] == 2
     again = run(f"FEDSHIFT_TRACKING=none snakemake -n --cores 2 {targets}", root)
     assert "Nothing to be done" in again.stdout + again.stderr
+    # issue 52: the seeded run and its selection archived, results/ gone: the tuned table is rebuilt from the
+    # archived chosen.yaml and collect reads the record; no candidate, selection or seeded run is planned
+    import shutil
+
+    out = run("FEDSHIFT_TRACKING=none fedshift archive", root).stdout
+    assert "archived tune/mnist5k_permuted/none/fedavg/homo_lenet/chosen.yaml" in out
+    record = root / "records/main/tune/mnist5k_permuted/none/fedavg/homo_lenet/chosen.yaml"
+    assert yaml.safe_load(record.read_text()) == chosen
+    shutil.rmtree(root / "results")
+    dry = run("FEDSHIFT_TRACKING=none snakemake -n --cores 2 results/tune/tuned.csv results/collect/runs.csv", root)
+    from test_workflow import job_counts
+
+    assert job_counts(dry.stdout) == {"collect": 1, "tune_table": 1, "total": 2}, dry.stdout
+    assert f"python -m fedshift.tune table results/tune/tuned.csv {record.relative_to(root)}" in dry.stdout

@@ -12,7 +12,7 @@ import math
 import difflib
 import types
 import typing
-from typing import Any, Dict, Literal, Mapping, Type, TypeVar, Union, get_args, get_origin
+from typing import Any, Dict, Literal, Mapping, Sequence, Type, TypeVar, Union, get_args, get_origin
 
 from .errors import ConfigError
 
@@ -193,3 +193,33 @@ def safe_load_yaml(text: str, where: str) -> Any:
         return loader.construct_document(node)
     finally:
         loader.dispose()
+
+
+def read_yaml_file(path, required: Sequence[str] = (), fix: str = "") -> Any:
+    """A YAML file read with :func:`safe_load_yaml`: a missing file, a syntax error (``file:line:column``) or, when
+    ``required`` is given, a document that is not a mapping holding those keys is one :class:`ConfigError` ending
+    with ``fix`` (issue 51 Q19: a run folder's config.yaml without ``engine:`` was a KeyError traceback, an invalid
+    one a ParserError traceback)."""
+    import yaml
+    from pathlib import Path
+
+    path = Path(path)
+    tail = f"; {fix}" if fix else ""
+    if not path.is_file():
+        raise ConfigError(f"missing config file {path}{tail}")
+    try:
+        data = safe_load_yaml(path.read_text(), str(path))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)  # file:line:column
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"{where}: invalid YAML: {problem}{tail}") from None
+    if required:
+        if not isinstance(data, Mapping):
+            raise ConfigError(f"{path}: expected a mapping with the keys {', '.join(required)}, got "
+                              f"{type(data).__name__}{tail}")
+        missing = [k for k in required if k not in data]
+        if missing:
+            raise ConfigError(f"{path}: missing key {missing[0]!r}{f' (and {len(missing) - 1} more)' if len(missing) > 1 else ''}"
+                              f"{tail}")
+    return data

@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
-from .config import resolve, safe_load_yaml, to_dict
+from .config import read_yaml_file, resolve, to_dict
 from .errors import ConfigError
 
 SCHEMA = Path(__file__).resolve().parents[2] / "workflow" / "schemas" / "experiments.schema.yaml"
@@ -96,6 +96,8 @@ def snakemake_config(configfile, workflow_config: Path = WORKFLOW_CONFIG, replac
     :func:`user_methods_win` are not printed (``fedshift run``: Snakemake prints them when it plans)."""
     files = [Path(configfile)] if isinstance(configfile, (str, Path)) else [Path(f) for f in configfile]
     docs = [load_yaml(f) for f in files]  # each file read once
+    for f, doc in zip(files, docs):
+        check_grid_file(doc, f)
     check_overlays(files, docs)
     own: dict = {}
     for doc in docs:
@@ -144,15 +146,7 @@ def _shown(path: Path) -> str:
 
 def load_yaml(path: Path) -> dict:
     path = Path(path)
-    if not path.exists():
-        raise ConfigError(f"missing config file {path}")
-    try:
-        data = safe_load_yaml(path.read_text(), str(path))  # aliases bounded (issue 38)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)  # file:line:column
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"{where}: invalid YAML: {problem}") from None
+    data = read_yaml_file(path)  # aliases bounded (issue 38), file:line:column of a syntax error
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -160,16 +154,29 @@ def load_yaml(path: Path) -> dict:
     return data
 
 
-def validate_schema(data: Mapping[str, Any], schema_path: Path = SCHEMA, where: str = "experiments") -> None:
+def validate_schema(data: Mapping[str, Any], schema_path: Path = SCHEMA, where: str = "experiments",
+                    partial: bool = False) -> None:
+    """``data`` against the grid's JSON schema; one line naming the key, what is wrong and what the key holds.
+    ``partial``: one file of several (``grid`` may come from another): the top level's ``required`` is not asked."""
     import jsonschema
 
     schema = yaml.safe_load(Path(schema_path).read_text())
+    if partial:
+        schema.pop("required", None)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(data), key=lambda e: list(e.absolute_path))
     if errors:
         e = errors[0]
         key = ".".join(str(p) for p in e.absolute_path) or "(top level)"
-        raise ConfigError(f"{where}: {key}: {e.message}")
+        what = e.schema.get("description") if isinstance(e.schema, Mapping) else None
+        raise ConfigError(f"{where}: {key}: {e.message}" + (f" ({key}: {what})" if what else ""))
+
+
+def check_grid_file(doc: Mapping[str, Any], path: Path) -> None:
+    """One grid file's shape (the schema's types of the keys it sets), before files are merged: ``methods:
+    [fedavg]`` (a list) ended in an AttributeError inside the merge (issue 51 A40)."""
+    validate_schema({k: v for k, v in doc.items() if k not in ("gpus_per_job", "threads_per_job")},
+                    where=_shown(Path(path)), partial=True)
 
 
 @dataclass(frozen=True)
@@ -532,6 +539,55 @@ def unreached_hooks(plan: Plan) -> List[str]:
     return [f"{m} overrides aggregate(), which eval_models: local never calls ({', '.join(sorted(s))}): its server "
             f"step does nothing there and it trains as FedAvg; set methods.{m}.eval_models: global to score it "
             "under McMahan's protocol" for m, s in sorted(out.items())]
+
+
+def check_built_data(configs, data_params: Path | Mapping, build: str = "build") -> None:
+    """The data the jobs will read is the data their grid names (issue 51 R18): every partition, public set
+    and dataset already built under ``build`` that a job of ``configs`` (resolved federate / pretrain /
+    tuning-candidate configs) reads must have been built with the parameters ``data_params`` asks for, else
+    one :class:`ConfigError` naming the key, the built value, the asked one and how to rebuild. Data not
+    built yet passes (the workflow's dvc_repro / partition_seed jobs build it from the right file or stop).
+
+    Without it a grid whose ``data_params`` (or an edited ``params/data.yaml`` not yet rebuilt) disagreed
+    with ``build/`` trained on the built data, silently: Snakemake builds data only when a manifest is
+    missing."""
+    import json
+
+    from .data.build import built_disagreement
+
+    data = load_yaml(data_params) if not isinstance(data_params, Mapping) else dict(data_params)
+    shown = _shown(Path(data_params)) if not isinstance(data_params, Mapping) else "the data params"
+    folders: Dict[str, Optional[int]] = {}  # folder -> the run seed it was redrawn with (None: DVC's)
+    for cfg in configs:
+        paths = cfg.get("paths") or {}
+        part = paths.get("partition")
+        if part:
+            folders.setdefault(part, int(cfg["seed"]) if Path(part).parent.parent.name == SEEDED_PARTITIONS else None)
+        if paths.get("public"):
+            folders.setdefault(paths["public"], None)
+    drawn_from = set()  # the datasets the built partitions and public sets were drawn from
+    for folder in folders:
+        try:
+            man = json.loads((Path(folder) / "manifest.json").read_text())
+        except (OSError, ValueError):
+            continue
+        drawn_from |= set(man.get("datasets") or {}) | ({man["dataset"]} if isinstance(man.get("dataset"), str) else set())
+    checks = [(f"{build}/datasets/{d}", None) for d in sorted(drawn_from)]
+    checks += sorted(folders.items(), key=lambda kv: (kv[1] is not None, kv[0]))  # DVC's folders before redraws
+    for folder, seed in checks:
+        diff = built_disagreement(Path(folder), data, seed)
+        if diff is None:
+            continue
+        key, built, asked = diff
+        if seed is not None:
+            fix = f"remove {folder}: the workflow's partition_seed rule redraws it from {shown}"
+        elif shown == "params/data.yaml":
+            fix = "run `dvc repro` to rebuild it"
+        else:
+            fix = (f"copy {shown} over params/data.yaml and run `dvc repro` (DVC builds from that file only), "
+                   "or name the file it was built from")
+        raise ConfigError(f"{shown}: {key} is {asked!r}, but {folder} was built with {built!r} "
+                          f"({folder}/manifest.json): the jobs would train on data their grid does not name; {fix}")
 
 
 def dump_config(cfg: dict) -> str:

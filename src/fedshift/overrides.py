@@ -28,8 +28,13 @@ _FLOAT = re.compile(r"^[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?$")  # 1e-4, 2.5E3: 
 
 
 def parse_value(text: str) -> Any:
-    """A command-line value as YAML would read it in a grid file, with ``1e-4`` a float too."""
+    """A command-line value as YAML would read it in a grid file, with ``1e-4`` a float too. Anchors and aliases
+    (``&a``, ``*a``) are refused: a one-line value has no use for them, and an alias bomb expanded by the parser ran
+    out of memory after minutes (issue 51 R17; grid files are bounded by config.safe_load_yaml instead)."""
     try:
+        if any(isinstance(t, (yaml.AnchorToken, yaml.AliasToken)) for t in yaml.scan(text)):
+            raise ConfigError(f"value {text[:60]!r}{'...' if len(text) > 60 else ''}: YAML anchors and aliases (&name, "
+                              "*name) are not taken in a command-line value; write the values out")
         value = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
@@ -46,7 +51,10 @@ def parse_override(item: str) -> Tuple[List[str], Any]:
     if not sep or not key.strip() or any(not p for p in parts):
         raise ConfigError(f"override {item!r}: expected KEY=VALUE with a dotted key, e.g. engine.rounds=3 "
                           "or methods.fedprox.mu=0.1")
-    return parts, parse_value(text)
+    try:
+        return parts, parse_value(text)
+    except ConfigError as exc:
+        raise ConfigError(f"override {key.strip()}: {exc}") from None
 
 
 # The grid's JSON schema (experiments.SCHEMA; named here so this module stays on the config layer)

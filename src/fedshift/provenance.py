@@ -26,13 +26,14 @@ import errno
 import functools
 import hashlib
 import json
+import logging
 import os
 import subprocess
 from pathlib import Path
 from typing import Dict, Iterator, List, Mapping, Optional, Tuple
 
 from .config import safe_load_yaml
-from .data.store import atomic_write_text, sha256_file
+from .data.store import atomic_write_text, check_writable, json_text, sha256_file
 from .errors import ConfigError, RunError
 
 INPUTS = "inputs.json"
@@ -91,48 +92,56 @@ def tags(code: Mapping[str, object]) -> Dict[str, str]:
 
 
 # ------------------------------------------------------------------------- run identity
-# Keys of a resolved run config that name the run or say how its job executes, not what it computes:
-# the run's identity leaves them out (issue 50). ``paths``: where inputs are read (the project folder,
-# build/ or results/ roots; the data's content is named by other keys: the scenario, engine.data_seed, the
-# BASE runs' identities); ``run_name``, ``wildcards``, ``identity``: names derived from the settings.
-NAMING_KEYS = ("paths", "run_name", "wildcards", "identity", "tracking")
-EXECUTION_KEYS = ("threads", "device", "checkpoint_every", "checkpoint_min_s")  # engine / pretrain sections
+# Keys of a resolved run config that only say how or where the job executes, not what it computes (the COORD
+# contract): left out of the identity, and out of the archive's comparison of a record with what a grid asks
+# now (fedshift.archive). ``paths``: where inputs are read (the project folder, build/ or results/ roots; the
+# data's content is named by other keys: the scenario, engine.data_seed, the BASE runs' identities).
+EXECUTION_KEYS = ("paths",)
+EXECUTION_SUBKEYS = {"engine": ("threads", "device", "checkpoint_every", "checkpoint_min_s", "tracking"),
+                     "pretrain": ("threads", "device", "checkpoint_every", "tracking")}
+# Names derived from the settings (issue 50): the run's label, its Snakemake wildcards, its identity.
+NAMING_KEYS = ("run_name", "wildcards", "identity", "tracking")
 # a tuned run's config gets its chosen values at run time (fedshift.tune.apply_chosen); the tune that chooses
 # them (tuned.group: the identities of its candidates) names them, so the values and these records are left out
 TUNED_RUNTIME_KEYS = ("file", "chosen", "score", "candidate")
 IDENTITY_CHARS = 12
 
 
-def run_identity(resolved_cfg: Mapping[str, object]) -> str:
-    """12 hex characters naming what a run computes: sha256 of the canonical JSON (sorted keys) of its resolved
-    config without :data:`NAMING_KEYS` and the execution keys of its ``engine`` / ``pretrain`` section
-    (:data:`EXECUTION_KEYS`: threads, device, checkpoint cadence). Two configs with equal identities run the
-    same thing; the run folder (``seed<k>-<identity>``) and the MLflow run (tag ``fedshift.identity``) carry it,
-    so two grids that set a method differently never share a folder.
-
-    A tuned run (``tuned``) is named by its tune, not by the values the tune chose: the values of the tuned
-    parameters (``tuned.params``) and the records :func:`fedshift.tune.apply_chosen` adds are left out, so the
-    published config.yaml (chosen values applied) has the identity its folder was planned with. A tuning
-    candidate's position in its list (``tune.index``) is left out too."""
+def identity_config(cfg: Mapping[str, object]) -> Dict[str, object]:
+    """What :func:`run_identity` hashes: ``cfg`` without :data:`EXECUTION_KEYS`, :data:`NAMING_KEYS` and the
+    execution-only keys of its ``engine`` / ``pretrain`` block (:data:`EXECUTION_SUBKEYS`: threads, device,
+    checkpoint cadence, tracking); for a tuned run without the values of the tuned parameters (``tuned.params``)
+    and the records :func:`fedshift.tune.apply_chosen` adds; for a tuning candidate without its position in
+    its list (``tune.index``)."""
     import copy
 
-    cfg = copy.deepcopy({k: v for k, v in dict(resolved_cfg).items() if k not in NAMING_KEYS})
-    for section in ("engine", "pretrain"):
-        if isinstance(cfg.get(section), dict):
-            for key in EXECUTION_KEYS:
-                cfg[section].pop(key, None)
-    tuned = cfg.get("tuned")
+    out = copy.deepcopy({k: v for k, v in dict(cfg).items() if k not in EXECUTION_KEYS + NAMING_KEYS})
+    for block, keys in EXECUTION_SUBKEYS.items():
+        if isinstance(out.get(block), Mapping):
+            out[block] = {k: v for k, v in dict(out[block]).items() if k not in keys}
+    tuned = out.get("tuned")
     if isinstance(tuned, dict):
         for key in TUNED_RUNTIME_KEYS:
             tuned.pop(key, None)
         for param in tuned.get("params") or []:
             param = str(param)
-            section, key = ("engine", param[len("engine."):]) if param.startswith("engine.") else ("method_params", param)
-            if isinstance(cfg.get(section), dict):
-                cfg[section].pop(key, None)
-    if isinstance(cfg.get("tune"), dict):
-        cfg["tune"].pop("index", None)
-    text = json.dumps(cfg, sort_keys=True, default=str, separators=(",", ":"))
+            block, key = ("engine", param[len("engine."):]) if param.startswith("engine.") else ("method_params", param)
+            if isinstance(out.get(block), dict):
+                out[block].pop(key, None)
+    if isinstance(out.get("tune"), dict):
+        out["tune"].pop("index", None)
+    return out
+
+
+def run_identity(resolved_cfg: Mapping[str, object]) -> str:
+    """12 hex characters naming what a run computes: sha256 of the canonical JSON (sorted keys) of
+    :func:`identity_config` of its resolved config. Two configs with equal identities run the same thing; the
+    run folder (``seed<k>-<identity>``) and the MLflow run (tag ``fedshift.identity``) carry it, so two grids
+    that set a method differently never share a folder.
+
+    A tuned run (``tuned``) is named by its tune, not by the values the tune chose, so the published
+    config.yaml (chosen values applied) has the identity its folder was planned with."""
+    text = json.dumps(identity_config(resolved_cfg), sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:IDENTITY_CHARS]
 
 
@@ -190,8 +199,54 @@ def recheck(rec: Mapping[str, object], run: str, rerun: str) -> None:
                        f"is gone: rerun {rerun}")
 
 
+def note_code_change(rec: Dict[str, object], ckpt: Mapping[str, object]) -> None:
+    """A job that resumed a checkpoint written by other code (``--resume-across-code-change``) says so in its
+    ``inputs.json``: ``resumed_across_code_change`` lists, per such resume, the round it resumed after and the code
+    that ran before (earlier ones carried by the checkpoint), beside ``code`` (the code of the last rounds).
+    Issue 51 R39: the forced resume left no trace in the run folder."""
+    earlier = list(ckpt.get("code_changes") or [])
+    old = ckpt.get("code") or {}
+    if isinstance(old, Mapping) and old.get("files_sha256") != dict(rec["code"]).get("files_sha256"):
+        earlier.append({"after_round": ckpt.get("round"), "code": dict(old)})
+    if earlier:
+        rec["resumed_across_code_change"] = earlier
+
+
+def base_origins(rec: Dict[str, object], base_files: Mapping[str, Path]) -> None:
+    """Where each BASE checkpoint a federate job starts from (or distils) came from, checked against the job
+    (issue 51 R23: BASE checkpoints made by other code passed silently): ``rec['base_code']`` records the code
+    that made each (its pretrain folder's ``inputs.json``; null when it records none), one warning names the
+    first made by other or unrecorded code, and a BASE trained on another partition than the job reads is
+    refused (its training images may be in this partition's test sets)."""
+    if not base_files:
+        return
+    mine = dict(rec["code"])
+    parts = {k: v for k, v in dict(rec["inputs"]).items() if str(k).startswith("partition/")}
+    codes: Dict[str, object] = {}
+    other = []
+    for name, path in base_files.items():
+        base = read(Path(path).parent)
+        code = (base or {}).get("code")
+        codes[name] = code if isinstance(code, Mapping) else None
+        if not isinstance(code, Mapping) or code.get("files_sha256") != mine.get("files_sha256"):
+            other.append((name, path, code))
+        for key, digest in ((base or {}).get("inputs") or {}).items():
+            if key in parts and digest != parts[key]:
+                raise ConfigError(f"BASE checkpoint {path} ({name}) was trained on {key} sha256 {str(digest)[:12]}, "
+                                  f"this job reads sha256 {str(parts[key])[:12]}: its training images may be in the "
+                                  "test sets; rerun its pretrain job (snakemake reruns it)")
+    rec["base_code"] = codes
+    if other:
+        name, path, code = other[0]
+        more = f" (and {len(other) - 1} more)" if len(other) > 1 else ""
+        logging.getLogger(__name__).warning(
+            "BASE checkpoint %s (%s) was made by %s, this job runs %s%s: the run mixes two code versions "
+            "(recorded in its inputs.json, base_code); rerun the pretrain jobs to make them with this code",
+            path, name, describe_code(code if isinstance(code, Mapping) else None), describe_code(mine), more)
+
+
 def write(run_dir: Path, rec: Mapping[str, object]) -> None:
-    atomic_write_text(Path(run_dir) / INPUTS, json.dumps(rec, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(Path(run_dir) / INPUTS, json_text(rec))
 
 
 def read(run_dir: Path) -> Optional[Dict[str, object]]:
@@ -208,13 +263,14 @@ def read(run_dir: Path) -> Optional[Dict[str, object]]:
     return rec
 
 
-def stale(run_dir: Path, base: Optional[Path] = None) -> Optional[str]:
+def stale(run_dir: Path, base: Optional[Path] = None, unbuilt_ok: bool = False) -> Optional[str]:
     """Why ``run_dir``'s result no longer matches its inputs (one line), or None when it does.
-    A run folder without ``inputs.json`` is not judged (None)."""
+    A run folder without ``inputs.json`` is not judged (None). ``unbuilt_ok``: an input that is not
+    there at all (a fresh clone reading an archived record, :mod:`fedshift.archive`) is not checked."""
     rec = read(run_dir)
     if rec is None:
         return None
-    diff = changes(rec, base)
+    diff = [d for d in changes(rec, base) if not (unbuilt_ok and d[3] == "missing")]
     if not diff:
         return None
     name, path, old, new = diff[0]
@@ -231,10 +287,15 @@ def run_lock(out_dir: Path) -> Iterator[Path]:
     import fcntl
 
     out_dir = Path(out_dir)
+    check_writable(out_dir)  # a full or read-only results folder: one line, not the lock's OSError (issue 51 E1/E3)
     partial = out_dir.parent / f"{out_dir.name}.partial"
-    partial.mkdir(parents=True, exist_ok=True)
     path = partial / LOCK
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    try:
+        partial.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise ConfigError(f"cannot create the run lock {path} ({exc.strerror}); fix the permissions of {partial} "
+                          "or free space there before running the job") from None
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

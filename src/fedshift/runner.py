@@ -32,8 +32,6 @@ match their manifests' sha256 and label ranges.
 from __future__ import annotations
 
 import csv
-import errno
-import json
 import logging
 import os
 import time
@@ -44,11 +42,12 @@ from typing import Any, Dict, List, Optional, Union
 import torch
 
 from .data import store
+from .data.store import check_writable
 from .data.loading import load_federated
 from . import provenance
 from .engine import checkpoint, fused
 from .engine.config import EngineConfig, PretrainConfig, check_cuda, malloc_keep_mb
-from .engine.cpu import bf16_on, check_bf16, check_bf16_train, cpu_kind, set_trim, tune_allocator
+from .engine.cpu import bf16_on, check_bf16, check_bf16_train, kind_record, set_trim, tune_allocator
 from .engine.federation import Federation, derive_seeds, resolve_device, summarise
 from .engine.loop import FederateJob, Progress, RunLoop, device_note
 from .engine.sampling import check_engine
@@ -138,33 +137,11 @@ def check_finite_state(state: Dict[str, torch.Tensor], where: str, fix: str) -> 
             raise RunError(f"{where}: tensor {key!r} holds {bad} non-finite value(s) (NaN/inf); {fix}")
 
 
-def check_writable(out_dir: Path, reserve: int = 1 << 20) -> None:
-    """Fail before training when the results folder (and its checkpoint area) cannot be written,
-    or cannot take ``reserve`` bytes (reserved with fallocate, then released)."""
-    import tempfile
-
-    parent = Path(out_dir).parent
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=parent) as f:
-            try:
-                os.posix_fallocate(f.fileno(), 0, reserve)  # a full disk creates files but cannot fill them
-            except OSError as exc:
-                if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):  # no fallocate there: skip
-                    raise
-    except OSError as exc:
-        raise ConfigError(f"results folder {parent} is not writable ({exc.strerror}); "
-                          "fix its permissions or free space before running the job") from None
-
-
 def verify_inputs(folders: List[Path]) -> float:
     """sha256 of every partition/public file against its manifest (once per job); returns seconds."""
     t = time.time()
     for folder in folders:
-        try:
-            store.verify_manifest(folder)
-        except ConfigError as exc:
-            raise ConfigError(f"{exc}; rebuild it with `dvc repro`") from None
+        store.verify_manifest(folder)  # its one-line errors say how to rebuild the folder (store.rebuild_hint)
     return time.time() - t
 
 
@@ -200,6 +177,21 @@ def tracked_summary(cfg: Dict[str, Any], metrics: Dict[str, Any]) -> Dict[str, A
     return {**metrics, "headline": method.tracked_metrics(metrics.get("headline") or {}, engine_config(cfg))}
 
 
+# the keys a job reads from its resolved config (fedshift.experiments writes them all)
+RUN_KEYS = {"federate": ("run_name", "scenario", "method", "base_method", "seed", "archs", "method_params", "engine",
+                         "paths"),
+            "pretrain": ("run_name", "scenario", "participant", "arch", "seed", "pretrain", "paths")}
+
+
+def read_run_config(path: Path, kind: str, fix: str = "") -> Dict[str, Any]:
+    """A job's resolved config (``fedshift federate|pretrain CONFIG``, a run folder's ``config.yaml``): invalid YAML
+    or a missing key is one line naming the file (issue 51 Q19), not a ParserError / KeyError traceback."""
+    from .config import read_yaml_file
+
+    return read_yaml_file(path, RUN_KEYS[kind], fix or f"give a {kind} config written by the workflow "
+                          f"(results/configs/{kind}/...) or a published run folder's config.yaml")
+
+
 def engine_config(cfg: Dict[str, Any], **override: Any) -> EngineConfig:
     """The typed engine section of a resolved config (YAML lists become tuples), with ``override`` applied."""
     return EngineConfig(**{**{k: tuple(v) if isinstance(v, list) else v for k, v in cfg["engine"].items()},
@@ -217,6 +209,8 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None, allow_code_ch
     tracker = tracker or NullTracker()
     job = build_federate(cfg, Path(out_dir), tracker)
     ckpt = job.load_checkpoint(allow_code_change)
+    if ckpt is not None:  # a resume across a code change is recorded in inputs.json (issue 51 R39)
+        provenance.note_code_change(job.record, ckpt)
     loop = RunLoop(job, tracker)
     loop.run(ckpt)
     return publish_federate(job, loop, tracker)
@@ -267,6 +261,7 @@ def build_federate(cfg: Dict[str, Any], out_dir: Path, tracker) -> FederateJob:
     base_files = {f"base/{i}": Path(ck) for i, ck in enumerate(cfg["paths"].get("pretrained") or [])}
     inputs = checkpoint.input_hashes(data.manifests, base_files)
     record = provenance.record(inputs, {**_manifest_paths(data.manifests, cfg, public_dir), **base_files}, cfg_hash)
+    provenance.base_origins(record, base_files)  # BASE made by other code: said and recorded (issue 51 R23)
     tracker.set_tags(provenance.tags(record["code"]))  # also on a resume: the code that runs now
     return FederateJob(cfg, out_dir, eng, device, method, fed, verify_s, cfg_hash, partial, inputs, record)
 
@@ -276,7 +271,8 @@ def eval_numerics(eng, device: torch.device, levers) -> Dict[str, Any]:
     bf16 autocast, folded BatchNorm, NHWC input and torch's version, so two runs' scores can be told
     apart when they come from machines of different kinds."""
     fold, channels_last = levers
-    return {"cpu_kind": cpu_kind() if device.type == "cpu" else device.type, "eval_bf16": bf16_on(eng.bf16, device),
+    kind = kind_record() if device.type == "cpu" else {"cpu_kind": device.type}
+    return {**kind, "eval_bf16": bf16_on(eng.bf16, device),
             "eval_fold_bn": bool(fold), "eval_channels_last": bool(channels_last), "torch": torch.__version__}
 
 
@@ -317,6 +313,9 @@ def publish_federate(job: FederateJob, loop: RunLoop, tracker) -> Dict[str, Any]
         metrics["tune"] = (tune.score(loop.history_g, loop.rounds_g, cfg["tune"]["metric"]) if tune.global_metric(cfg)
                            else tune.score(history, loop.eval_rounds, cfg["tune"]["metric"]))
     metrics.update(method.run_summary(fed))  # e.g. FedH2L's communication bytes
+    if len({c.domain for c in fed.clients}) < 2:  # their NaN is written as null and listed (store.json_text, R26)
+        metrics["notes"] = ["inter-domain metrics (inter/*, cdp) are undefined with one domain: there is no other "
+                            "domain's test set to score on"]
     states: Dict[int, Dict[str, torch.Tensor]] = {}  # a model shared by clients (server_model) is stored once
     for c in fed.clients:
         if id(c.model) not in states:
@@ -372,7 +371,9 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None, allow_code_ch
     record = provenance.record(inputs, _manifest_paths(data.manifests, cfg, None), cfg_hash)
     tracker.set_tags(provenance.tags(record["code"]))
     ckpt = (checkpoint.load(partial, cfg_hash, inputs, code=record["code"], allow_code_change=allow_code_change,
-                            last_round=pc.epochs) if pc.checkpoint_every else None)
+                            last_round=pc.epochs, models=[model]) if pc.checkpoint_every else None)
+    if ckpt is not None:
+        provenance.note_code_change(record, ckpt)
     prog = Progress(cfg["run_name"], pc.epochs, device_note(pc.device, device))
     rows, history = [], []
     timings = {"checkpoint_s": 0.0, "verify_s": verify_s}
@@ -400,7 +401,8 @@ def run_pretrain(cfg: Dict[str, Any], out_dir: Path, tracker=None, allow_code_ch
             t = time.time()
             timings["checkpoint_bytes"] = checkpoint.save(partial, {
                 "config_hash": cfg_hash, "inputs": inputs, "round": ep, "run_id": getattr(tracker, "run_id", None),
-                "code": record["code"], "models": [checkpoint.module_state(model)], "optimizer": checkpoint.to_cpu(opt.state_dict()),
+                "code": record["code"], "code_changes": record.get("resumed_across_code_change", []),
+                "models": [checkpoint.module_state(model)], "optimizer": checkpoint.to_cpu(opt.state_dict()),
                 "rng": {"federation": fed.rng_state(), "global": _torch_rng()},
                 "rows": rows, "history": history})
             timings["checkpoint_s"] += time.time() - t
@@ -433,7 +435,7 @@ def _publish(out_dir: Path, cfg, metrics, rows, tracker, checkpoint, extra, mode
     with store.atomic_dir(out_dir) as tmp:
         (tmp / "config.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
         if inputs is not None:  # what the run was made from (fedshift.provenance)
-            (tmp / provenance.INPUTS).write_text(json.dumps(inputs, indent=2, sort_keys=True) + "\n")
+            (tmp / provenance.INPUTS).write_text(store.json_text(inputs))
         write_rounds_csv(tmp / "rounds.csv", rows)
         if checkpoint is not None:
             torch.save(checkpoint, tmp / "model.pt")
@@ -441,7 +443,7 @@ def _publish(out_dir: Path, cfg, metrics, rows, tracker, checkpoint, extra, mode
             torch.save(models, tmp / "models.pt")
         if extra:
             extra(tmp)
-        (tmp / "metrics.json").write_text(json.dumps(metrics, indent=2, sort_keys=True) + "\n")
+        (tmp / "metrics.json").write_text(store.json_text(metrics))  # strict JSON: NaN -> null, listed (R26)
         for name in ("config.yaml", "metrics.json", "rounds.csv") + ((provenance.INPUTS,) if inputs else ()):
             tracker.log_artifact(tmp / name)
         for p in sorted(tmp.glob("*.png")) + sorted(tmp.glob("*.npz")) + sorted(tmp.glob("models.pt")):
@@ -462,11 +464,9 @@ def evaluate_run(run_dir: Path, device: str = "cpu", bf16: Optional[bool] = None
     if not (run_dir / "config.yaml").exists() or not path.exists():
         raise ConfigError(f"{run_dir} holds no config.yaml + models.pt; give a finished federated run folder "
                           "(results/federate/<scenario>/<public>/<method>/<structure>/seed<n>-<identity>)")
-    from .config import safe_load_yaml
-
-    cfg = safe_load_yaml((run_dir / "config.yaml").read_text(), str(run_dir / "config.yaml"))
-    _check_evaluated_data(run_dir, cfg, force)
     fix = f"rerun the job that published {run_dir}"
+    cfg = read_run_config(run_dir / "config.yaml", "federate", fix)
+    _check_evaluated_data(run_dir, cfg, force)
     saved = read_torch(path, fix, keys=("participants",))["participants"]
     eng = engine_config(cfg, device=device, **({} if bf16 is None else {"bf16": bool(bf16)}))
     dev = _setup_torch(device, eng.threads)
@@ -496,14 +496,15 @@ def _check_evaluated_data(run_dir: Path, cfg: Dict[str, Any], force: bool) -> No
     rec = provenance.read(run_dir)
     part = Path(cfg["paths"]["partition"]) / store.MANIFEST
     now = store.sha256_file(part) if part.exists() else "missing"
-    if rec is None:
+    old = {k: v for k, v in (rec or {}).get("inputs", {}).items() if k.startswith("partition/")}
+    if not old:  # nothing recorded = nothing to compare (issue 51 R21: an inputs.json without a partition entry)
         msg = (f"{run_dir} records no input hashes ({provenance.INPUTS}: published before fedshift recorded them), "
-               f"so its partition cannot be told from the current {part} (sha256 {now[:12]})")
+               if rec is None else f"{run_dir}/{provenance.INPUTS} records no partition (no 'partition/<name>' "
+               "among its inputs), ") + f"so its partition cannot be told from the current {part} (sha256 {now[:12]})"
         if not force:
             raise ConfigError(f"{msg}; rerun the job, or pass --force to score it anyway")
         print(f"fedshift: warning: {msg}; scoring anyway (--force)", file=sys.stderr, flush=True)
         return
-    old = {k: v for k, v in rec["inputs"].items() if k.startswith("partition/")}
     for name, digest in old.items():
         if digest != now:
             msg = (f"{run_dir} was trained on {name} sha256 {str(digest)[:12]}, {part} now has sha256 {now[:12]}")

@@ -61,6 +61,9 @@ VAL_METRICS = ("avg/val/mean/top1", "avg/val/inter/top1", "avg/val/intra/top1", 
                "global/val/top1")  # the last: the global model on all clients' validation data pooled (FedMMD/FedFusion)
 DEFAULT_METRIC = "avg/val/mean/top1"  # FCCL+ tables lead with AVG inter and intra: their mean
 DEFAULT_BUDGET = {"rounds": 10, "seeds": [0], "patience": 0, "eval_every": 1}
+# At most this many candidate jobs (candidates x tuning seeds, over every tuned group) in one grid, checked before
+# any candidate is made (issue 51 R06: a grid of 1,000,000 candidates kept `validate` busy > 10 min at 1.1 GB).
+MAX_CANDIDATE_JOBS = 10_000
 
 
 # ----------------------------------------------------------------------------- search space
@@ -76,6 +79,9 @@ def candidate_values(spec: Any, where: str) -> List[Any]:
                 or min(lo_hi) <= 0 or not isinstance(num, int) or num < 1):
             raise ConfigError(f"{where}: {{log: [low, high], num: n}} needs 0 < low, high and an integer n >= 1, "
                               f"got {dict(spec)}")
+        if num > MAX_CANDIDATE_JOBS:
+            raise ConfigError(f"{where}: num {num:,} values, more than a grid's {MAX_CANDIDATE_JOBS:,} candidate jobs "
+                              "(fedshift.tune.MAX_CANDIDATE_JOBS); search fewer values")
         lo, hi = (math.log10(v) for v in lo_hi)
         if num == 1:
             return [float(lo_hi[0])]
@@ -107,6 +113,35 @@ def method_space(tune: Mapping, label: str, cls) -> Dict[str, List[Any]]:
 def candidates(space: Mapping[str, List[Any]]) -> List[Dict[str, Any]]:
     keys = list(space)
     return [dict(zip(keys, combo)) for combo in itertools.product(*(space[k] for k in keys))]
+
+
+def check_size(space: Mapping[str, List[Any]], seeds: int, planned: int, where: str) -> int:
+    """The candidate jobs of one group (the product of the space's value counts x tuning seeds), counted without
+    making them; one line when they bring the grid's ``planned`` ones past :data:`MAX_CANDIDATE_JOBS`."""
+    n = math.prod(len(v) for v in space.values()) * seeds
+    if planned + n > MAX_CANDIDATE_JOBS:
+        sizes = " x ".join(f"{len(v)} {k}" for k, v in space.items())
+        raise ConfigError(f"{where}: {sizes} x {seeds} tuning seed(s) = {n:,} candidate jobs"
+                          + (f" ({planned + n:,} in the grid)" if planned else "")
+                          + f", more than {MAX_CANDIDATE_JOBS:,} (fedshift.tune.MAX_CANDIDATE_JOBS); search fewer "
+                          "values, or tune in several grids")
+    return n
+
+
+def check_chosen(chosen: Mapping[str, Any], path: Path) -> None:
+    """A ``chosen.yaml``'s values are one of the candidates it lists that did not diverge (issue 51 R08: a
+    hand-edited value, lr 5.0, that was never a candidate was applied silently); else one line naming the key."""
+    values = dict(chosen.get("chosen") or {})
+    cands = [c for c in chosen.get("candidates") or [] if isinstance(c, Mapping)]
+    if any(dict(c.get("values") or {}) == values and c.get("status", "ok") == "ok" for c in cands):
+        return
+    fix = f"remove {path} to have the tune's selection (snakemake's tune_select) write it again"
+    for key, value in values.items():
+        tried = list(dict.fromkeys(dict(c.get("values") or {}).get(key) for c in cands))
+        if value not in tried:
+            raise ConfigError(f"{path}: chosen {key} {value!r} was never a candidate (candidates: "
+                              f"{', '.join(map(repr, tried)) or 'none'}); {fix}")
+    raise ConfigError(f"{path}: chosen {values} is not one of its candidates that trained to the end; {fix}")
 
 
 def candidate_id(values: Mapping[str, Any]) -> str:
@@ -212,9 +247,17 @@ def plan_tune(grid: Mapping, plan, results: str = "results") -> TunePlan:
 
     b = out.budget
     spaces: Dict[TuneGroup, List[str]] = {}  # group -> its searched parameters
+    planned = 0  # candidate jobs so far (MAX_CANDIDATE_JOBS)
+    reported = set()  # the tuned methods' reported seeds (docs/tuning.md: keep the tuning seeds apart from them)
     for job, cfg in list(plan.federate.items()):
-        if job.scenario not in scenarios or job.method not in listed:
+        if job.scenario not in scenarios:
             continue
+        if job.method in share:  # e.g. FedMMD runs at the lr tuned on FedAvg (same scenario and structure)
+            reported.add(job.seed)
+            continue  # marked below, once every group is planned
+        if job.method not in listed:
+            continue
+        reported.add(job.seed)
         group = TuneGroup(job.scenario, job.public, job.method, job.structure)
         where = f"tune.methods.{job.method} ({job.scenario})"
         if group not in out.groups:
@@ -227,6 +270,7 @@ def plan_tune(grid: Mapping, plan, results: str = "results") -> TunePlan:
                 raise ConfigError(f"{where}: engine.participant_eval is false, so the runs evaluate no participant "
                                   "on validation data; use tune.metric: global/val/top1 or participant_eval: true")
             space = method_space(tune, job.method, cls)
+            planned += check_size(space, len(b["seeds"]), planned, where)  # before a single candidate is made
             keys = []
             for i, values in enumerate(candidates(space)):
                 cid = candidate_id(values)
@@ -278,6 +322,12 @@ def plan_tune(grid: Mapping, plan, results: str = "results") -> TunePlan:
                         "params": list(spaces[group]), "budget": dict(b), "metric": out.metric,
                         **({"from": group.method} if job.method in share else {})}
         name_run(cfg, "federate", job.path)
+    same = sorted(reported & set(b["seeds"]))
+    if same:  # issue 51 R05: the values are then chosen on the very draws (init, sampling, data_seed) reported
+        print(f"fedshift: warning: tune.budget.seeds {b['seeds']} include the reported seed(s) {same} of the tuned "
+              "methods: the values would be chosen on the same draws (model initialisation, client sampling, a "
+              "data_seed: run partition) the grid then reports; keep them apart (e.g. seeds: [100], docs/tuning.md)",
+              file=sys.stderr)
     name = (plan.report or {}).get("name")
     root = f"{results}/ablations/{name}" if name else results
     out.table = f"{root}/tune/tuned.csv"
@@ -302,7 +352,7 @@ def run_candidate(cfg: Dict[str, Any], out_dir: Path, tracker=None, **kwargs) ->
     """A tuning candidate: an ordinary federated run; a non-finite loss or weight is recorded as
     ``diverged`` in its metrics.json (the workflow goes on; :func:`select` lists it as diverged)."""
     from . import runner
-    from .data.store import atomic_write_text
+    from .data.store import atomic_write_text, json_text
     from .engine import checkpoint
     from .errors import NonFiniteError
 
@@ -314,7 +364,7 @@ def run_candidate(cfg: Dict[str, Any], out_dir: Path, tracker=None, **kwargs) ->
                    "tune": {"score": None, "best_round": None}}
         out_dir.mkdir(parents=True, exist_ok=True)
         atomic_write_text(out_dir / "config.yaml", yaml.safe_dump(cfg, sort_keys=False))
-        atomic_write_text(out_dir / "metrics.json", json.dumps(metrics, indent=1))
+        atomic_write_text(out_dir / "metrics.json", json_text(metrics, indent=1))
         checkpoint.clear(checkpoint.partial_dir(out_dir))
         if tracker is not None:
             try:
@@ -371,6 +421,7 @@ def apply_chosen(cfg: Dict[str, Any]) -> Dict[str, Any]:
         raise ConfigError(f"{path}: the tuned values of {cfg['run_name']} are missing; run the tune "
                           "(snakemake builds it before the seeded runs)")
     chosen = yaml.safe_load(path.read_text())
+    check_chosen(chosen, path)
     out = apply_values(cfg, chosen["chosen"], f"{path} chosen")
     out["tuned"] = {**t, "chosen": dict(chosen["chosen"]), "score": chosen["score"], "candidate": chosen["candidate"]}
     return out

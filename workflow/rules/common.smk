@@ -35,10 +35,12 @@ except ConfigError as exc:
 _USER_FILES = [f for f in workflow.overwrite_configfiles or []
                if os.path.abspath(f) != os.path.abspath("params/experiments.yaml")]
 if _USER_FILES:
-    from fedshift.experiments import check_overlays, deep_merge, load_yaml
+    from fedshift.experiments import check_grid_file, check_overlays, deep_merge, load_yaml
 
     _USER_DOCS = [load_yaml(_f) for _f in _USER_FILES]  # each file read once
-    try:  # an overlay (overlay_of) refuses to plan without the grid it adds to, before it
+    try:  # each file's shape (issue 51 A40); an overlay (overlay_of) refuses to plan without the grid it adds to
+        for _f, _doc in zip(_USER_FILES, _USER_DOCS):
+            check_grid_file(_doc, _f)
         check_overlays(_USER_FILES, _USER_DOCS)
     except ConfigError as exc:
         raise WorkflowError(f"fedshift: error: {exc}") from None
@@ -71,6 +73,10 @@ try:
     from fedshift.tune import plan_tune  # issue 36: the grid's tune block (rules/tune.smk), before the configs
 
     TUNE = plan_tune(GRID, PLAN)
+    # the data already built is the data this grid names (issue 51 R18): else one line, before any job
+    from fedshift.experiments import check_built_data
+
+    check_built_data([*PLAN.federate.values(), *PLAN.pretrain.values(), *TUNE.candidates.values()], DATA_PARAMS)
 except ConfigError as exc:
     raise WorkflowError(f"fedshift: error: {exc}") from None
 
@@ -84,6 +90,20 @@ RESULTS_ROOT = f"results/ablations/{REPORT_NAME}" if REPORT_NAME else "results"
 COLLECT_CSV = f"{RESULTS_ROOT}/collect/runs.csv"
 REPORT_DIR = f"{RESULTS_ROOT}/report"
 REPORT_CONFIG = f"results/configs/report-{REPORT_NAME or 'main'}.yaml"
+
+# The committed archive (issue 52, fedshift.archive): a run whose record in records/<grid>/ is current
+# (same settings on every key both know, same data where built) is not planned again; collect reads the
+# record. A stale record is listed here with the keys that differ, and the run is planned again.
+from fedshift.archive import grid_status, plan_targets
+
+ARCHIVE = grid_status(PLAN, TUNE)
+for _s in ARCHIVE.stale():
+    print(f"fedshift: archive: {_s.line()}; the run is planned again, the record left out", file=sys.stderr)
+TARGETS = plan_targets(PLAN, TUNE, ARCHIVE)
+ARCHIVE_STATUS = f"results/configs/archive-{REPORT_NAME or 'main'}.json"
+import json as _json
+
+write_if_changed(ARCHIVE_STATUS, _json.dumps(ARCHIVE.as_json(), indent=1) + "\n")  # the report lists them
 write_if_changed(REPORT_CONFIG, dump_config(PLAN.report))
 
 SCENARIOS_USED = sorted({j.scenario for j in PLAN.federate})
@@ -144,8 +164,10 @@ def pretrain_data(wc):
     return data_fingerprint([pretrain_cfg(wc)["paths"]["partition"]])
 
 
-FEDERATE_METRICS = [f"results/federate/{PLAN.folder(j)}/metrics.json" for j in PLAN.federate]
-PRETRAIN_METRICS = [f"results/pretrain/{PLAN.folder(j)}/metrics.json" for j in PLAN.pretrain]
+FEDERATE_METRICS = [f"results/federate/{PLAN.folder(j)}/metrics.json" for j in TARGETS.federate]
+PRETRAIN_METRICS = [f"results/pretrain/{PLAN.folder(j)}/metrics.json" for j in TARGETS.pretrain]
+ARCHIVED_METRICS = [f"{p}/metrics.json" for p in TARGETS.archived_federate]  # committed records (issue 52)
+ARCHIVED_PRETRAIN = [f"{p}/metrics.json" for p in TARGETS.archived_pretrain]
 
 
 onstart:

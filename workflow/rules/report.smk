@@ -22,6 +22,9 @@ rule collect:
         runs=FEDERATE_METRICS,
         # The papers' SOLO/BASE row (base_pretrain) comes from the pretrain runs (50 epochs alone).
         pretrain=PRETRAIN_METRICS,
+        # issue 52: runs whose committed record (records/<grid>/) is current are read from it, not rerun
+        archived=ARCHIVED_METRICS,
+        archived_pretrain=ARCHIVED_PRETRAIN,
     output:
         report(COLLECT_CSV, caption="../report/runs.rst", category="Runs", labels={"table": "runs.csv"}),
     conda:
@@ -29,8 +32,8 @@ rule collect:
     log:
         f"logs/collect-{REPORT_NAME or 'main'}.log",
     params:
-        runs=lambda wc, input: " ".join(os.path.dirname(p) for p in input.runs),
-        pretrain=lambda wc, input: " ".join(os.path.dirname(p) for p in input.pretrain),
+        runs=lambda wc, input: " ".join(os.path.dirname(p) for p in input.runs + input.archived),
+        pretrain=lambda wc, input: " ".join(os.path.dirname(p) for p in input.pretrain + input.archived_pretrain),
     shell:
         # stderr also to the terminal: the runs collect leaves out (inputs changed since; issue 38)
         "fedshift collect {output} {params.runs} --pretrain {params.pretrain} > {log} 2> >(tee -a {log} >&2)"
@@ -43,6 +46,7 @@ rule report:
         published=PUBLISHED_CSVS,
         claims=CLAIMS,
         tuned=TUNED_TABLE,  # issue 36: the tuned table (rules/tune.smk), [] when the grid tunes nothing
+        archive=ARCHIVE_STATUS,  # issue 52: the committed records read or left out (stale), with their code
     output:
         report(
             directory(REPORT_DIR),
@@ -61,4 +65,4 @@ rule report:
     log:
         f"logs/report-{REPORT_NAME or 'main'}.log",
     shell:
-        "fedshift report {input.runs} {output} --config {input.config} > {log} 2>&1"
+        "fedshift report {input.runs} {output} --config {input.config} --archive {input.archive} > {log} 2>&1"

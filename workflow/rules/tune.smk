@@ -52,7 +52,8 @@ if TUNE.groups:
 
     rule tune_table:
         input:
-            [TUNE.chosen_file(g) for g in TUNE.groups],
+            # each group's selection: results/tune/... when its seeded runs run, else its committed record
+            list(TARGETS.chosen_files.values()),
         output:
             TUNED_TABLE,
         conda:

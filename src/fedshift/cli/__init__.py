@@ -14,6 +14,8 @@
     fedshift relocate-store [ROOT]    (a copied mlflow.db reads its artifacts from ROOT/mlartifacts)
     fedshift ui-url                   (the MLflow URL of each experiment's headline view)
     fedshift evaluate RUN_DIR         (re-score a federated run's published models.pt)
+    fedshift archive [GRID...] KEY=VALUE...   (finished runs' records into the committed records/<grid>/)
+    fedshift docs-tables [--check]    (the docs' measured tables rendered from records/)
 
 Bad input ends with one line ``fedshift: error: <what and what is valid>`` and exit
 status 2, before any long work starts; a job stopped by a diverged loss or corrupt data
@@ -22,7 +24,7 @@ checkpoint (a rerun resumes), marks its MLflow run KILLED and exits with 128 + s
 
 This module is the parser and the dispatch; each command group lives in its own module:
 ``names`` (list), ``data_stages`` (fetch, public, partition), ``jobs`` (pretrain, federate,
-evaluate), ``grid`` (validate, run), ``reporting`` (collect, report) and ``mlflow_store``
+evaluate), ``grid`` (validate, run, archive), ``reporting`` (collect, report, docs-tables) and ``mlflow_store``
 (ui-url, relocate-store). The parser names each command's function as (module, name) and
 ``main`` imports the command modules only once the arguments are parsed, and those import
 fedshift's heavier layers (torch, MLflow, pandas) only inside the commands, so ``fedshift --help``
@@ -119,7 +121,8 @@ def main(argv: List[str] | None = None) -> int:
 
     p = sub.add_parser("collect", help="gather run folders into one tidy CSV")
     p.add_argument("out", help="tidy CSV to write")
-    p.add_argument("runs", nargs="+", help="finished federated run folders (each holds rounds.csv)")
+    p.add_argument("runs", nargs="+", help="finished federated run folders or their committed records "
+                                           "(records/...; each holds rounds.csv or rounds.csv.gz)")
     p.add_argument("--pretrain", nargs="*", default=None,
                    help="pretrain run folders: their final epoch becomes the base_pretrain (SOLO/BASE) row")
     p.set_defaults(fn=("reporting", "cmd_collect"))
@@ -128,8 +131,33 @@ def main(argv: List[str] | None = None) -> int:
     p.add_argument("runs_csv", help="tidy CSV written by `fedshift collect`")
     p.add_argument("out", help="report folder to publish (report.md, tables, figures)")
     p.add_argument("--config", default=None, help="report section of the experiment config (YAML)")
+    p.add_argument("--archive", default=None,
+                   help="the workflow's archive status (JSON): committed records read or left out as stale, listed "
+                        "with their code version in the report")
     p.add_argument("--no-tracking", action="store_true")
     p.set_defaults(fn=("reporting", "cmd_report"))
+
+    p = sub.add_parser("archive", help="copy each finished run's record (config, inputs, metrics, curves; no weights) "
+                                       "into the committed archive records/<grid>/",
+                       description="Plan the GRID files with the KEY=VALUE overrides as `fedshift run` does, then copy "
+                                   "every finished run's record (config.yaml, inputs.json, metrics.json, rounds.csv, "
+                                   "gzip-compressed when long, and the tuning selection it used; never the weights) "
+                                   "into records/<report name>/. A run that has not finished, ran with other settings "
+                                   "or on data that changed since is skipped with one line saying so. Snakemake then "
+                                   "plans no job for an archived run whose record is current, and collect reads the "
+                                   "record.")
+    p.add_argument("items", nargs="*", metavar="GRID | KEY=VALUE", help="grid files, then dotted overrides")
+    p.add_argument("--records", default="records", help="archive root (default: %(default)s)")
+    p.add_argument("--results", default="results", help="where the runs were published (default: %(default)s)")
+    p.set_defaults(fn=("grid", "cmd_archive"))
+
+    p = sub.add_parser("docs-tables", help="render the docs' measured tables from the committed archive "
+                                           "(between <!-- generated: NAME --> markers); --check: only compare")
+    p.add_argument("files", nargs="*", help="Markdown files holding marker blocks (default: README.md and docs/*.md)")
+    p.add_argument("--records", default="records", help="archive root (default: %(default)s)")
+    p.add_argument("--check", action="store_true",
+                   help="write nothing; exit 1 naming every block whose text differs from its rendering")
+    p.set_defaults(fn=("reporting", "cmd_docs_tables"))
 
     p = sub.add_parser("evaluate", help="re-score a federated run's published models (models.pt)")
     p.add_argument("run_dir", help="finished federated run folder (config.yaml + models.pt)")

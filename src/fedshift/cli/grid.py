@@ -24,6 +24,10 @@ def _data_not_built(plan, data_params: Path) -> Optional[str]:
 
     folders = {c["paths"]["partition"] for c in (*plan.federate.values(), *plan.needed_pretrain().values())}
     folders |= {c["paths"]["public"] for c in plan.federate.values() if c["paths"].get("public")}
+    # a per-seed partition (engine.data_seed: run) is drawn by the workflow's partition_seed rule from DVC's partition
+    # of its scenario: that one is what `dvc repro` must build (issue 51 R19)
+    folders = {str(Path(f).parents[2] / "partitions" / Path(f).parent.name)
+               if Path(f).parent.parent.name == "partitions_seeded" else f for f in folders}
     missing = sorted(f for f in folders if not (Path(f) / "manifest.json").is_file())
     if not missing:
         return None
@@ -42,9 +46,11 @@ def _data_not_built(plan, data_params: Path) -> Optional[str]:
                if manual else "") + "; until then the workflow stops at its dvc_repro job")
 
 
-def report_status(plan, report_cfg) -> list:
+def report_status(plan, tuned, report_cfg) -> list:
     """Lines saying whether the grid's report on disk is current (issue 50): every run it read is still the
-    run folder it read (:func:`fedshift.report.runs_read.stale_runs`) and one the grid asks for now."""
+    run folder it read (:func:`fedshift.report.runs_read.stale_runs`) and one the grid asks for now (a run
+    folder it plans, or a committed record the archive finds current, issue 52)."""
+    from ..archive import grid_status
     from ..experiments import planned_folders, results_root
     from ..report import runs_read
 
@@ -52,7 +58,9 @@ def report_status(plan, report_cfg) -> list:
     frame = runs_read.read(folder)
     if frame is None:
         return []
-    stale = runs_read.stale_runs(frame, planned=planned_folders(plan))
+    status = grid_status(plan, tuned)
+    records = {str(s.path) for kind in ("federate", "pretrain") for s in status.current(kind).values()}
+    stale = runs_read.stale_runs(frame, planned=planned_folders(plan) | records)
     if not stale:
         return [f"report {folder}: current ({len(frame)} run folders read, each the run the grid asks for)"]
     return ([f"report {folder}: {len(stale)} of {len(frame)} run folders it read are stale "
@@ -60,7 +68,7 @@ def report_status(plan, report_cfg) -> list:
 
 
 def cmd_validate(args) -> None:
-    from ..experiments import load_experiments, snakemake_config, unreached_hooks
+    from ..experiments import check_built_data, load_experiments, snakemake_config, unreached_hooks
 
     exp = snakemake_config([Path(f) for f in args.experiments])
     data_params = Path(exp.pop("data_params", None) or args.data_params)
@@ -68,12 +76,13 @@ def cmd_validate(args) -> None:
     from ..tune import plan_tune  # issue 36: the tune block, checked as the workflow plans it
 
     tuned = plan_tune(exp, plan)
+    check_built_data([*plan.federate.values(), *plan.pretrain.values(), *tuned.candidates.values()], data_params)
     needed = plan.needed_pretrain()
     print(f"ok: {len(needed)} pretrain and {len(plan.federate)} federate jobs"
           + (f", {len(tuned.candidates)} tuning candidate jobs" if tuned.candidates else ""))
     for line in unreached_hooks(plan):  # until issue 49's server hook runs under every protocol
         print(f"fedshift: warning: {line}", file=sys.stderr)
-    for line in report_status(plan, exp.get("report")):
+    for line in report_status(plan, tuned, exp.get("report")):
         print(line)
     # What a cluster will be asked for (the workflow's mem_mb, fedshift.resources): the largest request per kind.
     from ..resources import WRAPPER_MB, job_estimate, slurm_mem_mb
@@ -90,30 +99,55 @@ def cmd_validate(args) -> None:
         print(missing, file=sys.stderr)
 
 
+def _grid_plan(items, verb: str):
+    """(grid files, overrides, merged grid, plan) of ``fedshift run | archive [GRID ...] KEY=VALUE ...``:
+    the files merged as ``snakemake --configfile`` merges them, each dotted override set, then planned. The
+    grid's notes are not printed here: Snakemake prints them when it plans (they were printed twice; issue 50)."""
+    from ..experiments import load_experiments, snakemake_config
+    from ..overrides import apply_overrides
+
+    grids = [i for i in items if "=" not in i]
+    overrides = [i for i in items if "=" in i]
+    for g in grids:
+        if not Path(g).exists():
+            raise ConfigError(f"fedshift {verb}: {g}: no such grid file, and not a KEY=VALUE override")
+    exp = apply_overrides(snakemake_config([Path(g) for g in grids or ["params/experiments.yaml"]], quiet=True),
+                          overrides)
+    data_params = Path(exp.get("data_params") or "params/data.yaml")
+    plan = load_experiments({k: v for k, v in exp.items() if k not in ("data_params", "gpus_per_job", "threads_per_job")},
+                            data_params)
+    return grids, overrides, exp, plan
+
+
+def cmd_archive(args) -> None:
+    """Copy every finished run of the grid (and the tuning selections its runs used) into the committed
+    archive ``records/<grid>/`` (:mod:`fedshift.archive`); each run left out gets one line saying why."""
+    from ..archive import archive_grid, grid_name
+    from ..tune import plan_tune
+
+    _, _, exp, plan = _grid_plan(args.items, "archive")
+    tuned = plan_tune(exp, plan)
+    counts = archive_grid(plan, tuned, Path(args.records), args.results)
+    where = Path(args.records) / grid_name(plan.report.get("name"))
+    print(f"fedshift archive: {counts['archived']} record(s) written, {counts['unchanged']} unchanged, "
+          f"{counts['skipped']} run(s) skipped, in {where}/ (commit it: git add {where})", file=sys.stderr)
+
+
 def cmd_run(args) -> int:
     """Merge the grid files (as ``snakemake --configfile`` does), set the dotted overrides, check
     the result as ``validate`` does, write it to ``results/configs/run-<hash>.yaml`` (the file a
     later ``snakemake --configfile`` can name again), run Snakemake on it and say where the report went."""
     import hashlib  # ~3 ms that only `run` needs, not `fedshift --help`
 
-    from ..experiments import dump_config, load_experiments, results_root, snakemake_config, write_if_changed
-    from ..overrides import apply_overrides
+    from ..experiments import check_built_data, dump_config, results_root, write_if_changed
 
-    grids = [i for i in args.items if "=" not in i]
-    overrides = [i for i in args.items if "=" in i]
     for flag in ("--configfile", "--configfiles"):
         if flag in args.snakemake_args:
             raise ConfigError(f"fedshift run: {flag} after `--`: name grid files before `--` and give overrides "
                               "as KEY=VALUE before it (e.g. fedshift run params/papers/fedmmd_offline.yaml engine.rounds=3)")
-    for g in grids:
-        if not Path(g).exists():
-            raise ConfigError(f"fedshift run: {g}: no such grid file, and not a KEY=VALUE override")
-    # quiet: Snakemake prints the grid's notes when it plans (they were printed twice; issue 50)
-    exp = apply_overrides(snakemake_config([Path(g) for g in grids or ["params/experiments.yaml"]], quiet=True),
-                          overrides)
+    grids, overrides, exp, plan = _grid_plan(args.items, "run")
     data_params = Path(exp.get("data_params") or "params/data.yaml")
-    plan = load_experiments({k: v for k, v in exp.items() if k not in ("data_params", "gpus_per_job", "threads_per_job")},
-                            data_params)
+    check_built_data([*plan.federate.values(), *plan.pretrain.values()], data_params)  # issue 51 R18
     text = dump_config(exp)
     path = Path("results/configs") / f"run-{hashlib.sha256(text.encode()).hexdigest()[:10]}.yaml"
     write_if_changed(path, text)

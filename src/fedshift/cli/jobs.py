@@ -75,10 +75,10 @@ def _job(kind: str, args) -> None:
 
 def _run_job(kind: str, args) -> None:
     from .. import runner
-    from ..config import flatten, safe_load_yaml
+    from ..config import flatten
     from ..engine import checkpoint
 
-    cfg = safe_load_yaml(Path(args.config).read_text(), str(args.config))  # aliases bounded (issue 38)
+    cfg = runner.read_run_config(Path(args.config), kind)  # aliases bounded (issue 38); one line if broken (51 Q19)
     apply_thread_allocation(cfg, kind, getattr(args, "threads", None))
     fn: Callable[..., Any] = runner.run_pretrain if kind == "pretrain" else runner.run_federate
     if kind == "federate":  # issue 36: a tuned run takes its chosen values; a candidate records divergence
@@ -128,12 +128,10 @@ def cmd_federate(args) -> None:
 
 
 def cmd_evaluate(args) -> None:
-    from ..config import safe_load_yaml
-    from ..runner import evaluate_run
+    from ..runner import evaluate_run, read_run_config
 
     summary = evaluate_run(Path(args.run_dir), device=args.device, bf16=args.bf16, force=args.force)
-    cfg_path = Path(args.run_dir) / "config.yaml"
-    rounds = ((safe_load_yaml(cfg_path.read_text(), str(cfg_path)) or {}).get("engine") or {}).get("rounds")
+    rounds = read_run_config(Path(args.run_dir) / "config.yaml", "federate")["engine"].get("rounds")
     print(f"# {args.run_dir}: the published models.pt = the final models after round {rounds} "
           "(not the best round); re-scored on every domain's test set")
     for key in sorted(summary):

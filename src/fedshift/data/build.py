@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import logging
 from pathlib import Path
-from typing import Any, Mapping, Optional
+from typing import Any, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -106,6 +106,52 @@ def build_public(name: str, dataset_dir: Path, out_dir: Path, overrides: Optiona
             "duplicate_images": int(dup),
         }
         return store.write_manifest(tmp, info)
+
+
+_SECTIONS = {"dataset": ("dataset_params", DATASETS), "public": ("public", PUBLIC_SETS),
+             "partition": ("scenarios", SCENARIOS)}
+
+
+def built_disagreement(folder: Path, data: Mapping[str, Any], seed: Optional[int] = None) -> Optional[Tuple[str, Any, Any]]:
+    """``(key, built value, asked value)`` of the first parameter where the data built in ``folder`` (its
+    manifest's ``params``) differs from what the data params ``data`` (a params/data.yaml mapping) ask of it,
+    e.g. ``("scenarios.rotmnist.seed", 0, 1)``; None when they agree, when nothing is built there or its
+    manifest records no parameters (issue 51 R18: a grid's ``data_params`` that disagreed with the built
+    partition trained on the built one, silently). ``seed``: the run seed a redrawn partition
+    (``engine.data_seed: run``) was drawn with, in place of the scenario's own.
+
+    Only keys both sides know are compared, plus every key ``data`` sets itself: a parameter a newer
+    fedshift added at its old default does not make older data disagree. A partition's validation
+    holdout (``scenarios.<s>.holdout``) is compared with the fraction its manifest recorded."""
+    import json
+
+    path = Path(folder) / store.MANIFEST
+    if not path.exists():
+        return None
+    manifest = store.read_manifest(Path(folder))
+    kind, name, built = manifest.get("kind"), manifest.get("name"), manifest.get("params")
+    if kind not in _SECTIONS or not isinstance(name, str) or not isinstance(built, dict):
+        return None
+    section, registry = _SECTIONS[kind]
+    spec = registry.get(name, key=section)
+    given = dict((data.get(section) or {}).get(name) or {})
+    where = f"{section}.{name}"
+    if kind == "partition":
+        fraction, given = split_holdout_key(given)
+        parts = [p for p in (manifest.get("participants") or {}).values() if isinstance(p, dict)]
+        held = [p["holdout"].get("fraction") for p in parts if isinstance(p.get("holdout"), dict)]
+        has_val = any("val" in (p.get("splits") or {}) for p in parts)
+        if parts and not has_val and (held[0] if held else 0.0) != fraction:
+            return f"{where}.{HOLDOUT_KEY}", held[0] if held else 0.0, fraction
+    asked = to_dict(resolve_params(spec, given, where)) if spec.params is not None else {}
+    if seed is not None:
+        asked["seed"] = seed
+    plain = lambda v: json.loads(json.dumps(v))  # noqa: E731  tuples as lists, as the manifest holds them
+    asked, built = plain(asked), plain(built)
+    for key in sorted((set(asked) & set(built)) | set(given)):
+        if asked.get(key, "absent") != built.get(key, "absent"):
+            return f"{where}.{key}", built.get(key, "absent"), asked.get(key, "absent")
+    return None
 
 
 def seed_override(name: str, seed: int) -> int:

@@ -70,7 +70,7 @@ def load_federated(partition_dir: Path, public_dir: Optional[Path] = None, devic
         return _load_federated(Path(partition_dir), public_dir, device, participants, where, holdout)
     except KeyError as exc:
         key = exc.args[0] if exc.args else "?"
-        raise ConfigError(f"{where[-1]}: missing key {key!r}; rebuild it with `dvc repro`") from None
+        raise ConfigError(f"{where[-1]}: missing key {key!r}; {store.rebuild_hint(where[-1])}") from None
 
 
 def _load_federated(partition_dir: Path, public_dir, device, participants, where, holdout: bool = False) -> FederatedData:

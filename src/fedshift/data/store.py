@@ -14,13 +14,15 @@ a temporary name beside the target and swaps it in with renames at the end.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Dict, Iterator, Tuple
+from typing import Dict, Iterator, Mapping, Optional, Tuple
 
 import numpy as np
 
@@ -131,6 +133,23 @@ def atomic_dir(target: Path) -> Iterator[Path]:
     shutil.rmtree(old, ignore_errors=True)
 
 
+def check_writable(out_dir: Path, reserve: int = 1 << 20) -> None:
+    """Fail before training when the results folder (and its checkpoint area) cannot be written,
+    or cannot take ``reserve`` bytes (reserved with fallocate, then released)."""
+    parent = Path(out_dir).parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=parent) as f:
+            try:
+                os.posix_fallocate(f.fileno(), 0, reserve)  # a full disk creates files but cannot fill them
+            except OSError as exc:
+                if exc.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):  # no fallocate there: skip
+                    raise
+    except OSError as exc:
+        raise ConfigError(f"results folder {parent} is not writable ({exc.strerror}); "
+                          "fix its permissions or free space before running the job") from None
+
+
 def atomic_write_text(path: Path, text: str) -> None:
     """Write a text file through a temporary name and a rename."""
     path = Path(path)
@@ -147,8 +166,36 @@ def atomic_write_text(path: Path, text: str) -> None:
         raise
 
 
+NONFINITE = "nonfinite"  # the key under which json_text lists the values it wrote as null
+
+
+def json_text(obj, indent: Optional[int] = 2, sort_keys: bool = True) -> str:
+    """``obj`` as strict JSON (RFC 8259; Python's ``json.dumps`` writes bare ``NaN`` / ``Infinity``, which strict
+    parsers refuse: issue 51 R26): every NaN/inf float is written as ``null`` and, when ``obj`` is a mapping,
+    listed under ``"nonfinite"`` (dotted path -> ``"NaN"``, ``"inf"`` or ``"-inf"``), so a reader can tell an
+    undefined number from a missing one. Every JSON file fedshift writes goes through it."""
+    bad: Dict[str, str] = {}
+
+    def clean(x, where):
+        if isinstance(x, float) and not math.isfinite(x):
+            bad[where or "(top level)"] = "NaN" if math.isnan(x) else ("inf" if x > 0 else "-inf")
+            return None
+        if isinstance(x, Mapping):
+            return {k: clean(v, f"{where}.{k}" if where else str(k)) for k, v in x.items()}
+        if isinstance(x, (list, tuple)):
+            return [clean(v, f"{where}.{i}" if where else str(i)) for i, v in enumerate(x)]
+        if isinstance(x, np.generic):
+            return clean(x.item(), where)
+        return x
+
+    out = clean(obj, "")
+    if bad and isinstance(out, dict):
+        out[NONFINITE] = {**(out.get(NONFINITE) or {}), **bad}
+    return json.dumps(out, indent=indent, sort_keys=sort_keys, allow_nan=False) + "\n"
+
+
 def write_json(path: Path, obj) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(path, json_text(obj))
 
 
 def check_split(images: np.ndarray, labels: np.ndarray, name: str = "split") -> None:
@@ -165,13 +212,28 @@ def save_split(folder: Path, split: str, images: np.ndarray, labels: np.ndarray)
     np.save(folder / f"{split}_labels.npy", np.ascontiguousarray(labels), allow_pickle=False)
 
 
+# build/<this>/<scenario>/seed<k>: a partition redrawn with run seed k (engine.data_seed: run), drawn by the
+# workflow's partition_seed rule, not by DVC (fedshift.experiments.SEEDED_PARTITIONS names the same folder)
+SEEDED_PARTITIONS = "partitions_seeded"
+
+
+def rebuild_hint(path: Path) -> str:
+    """How to (re)build the data folder holding ``path`` (the folder or a file in it), for one-line messages:
+    ``rebuild it with `dvc repro``` for DVC's folders; a per-seed partition is drawn by ``fedshift partition
+    <scenario> --seed <k>`` (the workflow's partition_seed rule), which `dvc repro` never runs (issue 51 R19)."""
+    for q in (Path(path), *Path(path).parents):
+        if q.parent.parent.name == SEEDED_PARTITIONS and q.name.startswith("seed") and q.name[4:].isdigit():
+            return (f"build it with `fedshift partition {q.parent.name} --seed {q.name[4:]} --out {q}` (what the "
+                    "workflow's partition_seed rule runs; `dvc repro` does not draw per-seed partitions)")
+    return "rebuild it with `dvc repro`"
+
+
 def load_split(folder: Path, split: str, mmap: bool = False) -> Tuple[np.ndarray, np.ndarray]:
     folder = Path(folder)
     img, lab = folder / f"{split}_images.npy", folder / f"{split}_labels.npy"
     if not img.exists() or not lab.exists():
         raise ConfigError(
-            f"missing data file {img if not img.exists() else lab}; run `dvc repro` "
-            "(or `fedshift fetch` / `fedshift partition`) to build it"
+            f"missing data file {img if not img.exists() else lab}; {rebuild_hint(folder)}"
         )
     mode = "r" if mmap else None
     arrays = []
@@ -180,7 +242,7 @@ def load_split(folder: Path, split: str, mmap: bool = False) -> Tuple[np.ndarray
             arrays.append(np.load(path, mmap_mode=mode, allow_pickle=False))
         except (ValueError, EOFError, OSError) as exc:  # truncated or not a .npy file (issue 38)
             first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
-            raise ConfigError(f"{path} is damaged, numpy cannot read it ({first}); rebuild it with `dvc repro`") from None
+            raise ConfigError(f"{path} is damaged, numpy cannot read it ({first}); {rebuild_hint(folder)}") from None
     return arrays[0], arrays[1]
 
 
@@ -214,13 +276,13 @@ def write_manifest(folder: Path, info: dict) -> dict:
 def read_manifest(folder: Path) -> dict:
     path = Path(folder) / MANIFEST
     if not path.exists():
-        raise ConfigError(f"missing {path}; run `dvc repro` to build it")
+        raise ConfigError(f"missing {path}; {rebuild_hint(folder).replace('rebuild', 'build', 1)}")
     try:
         manifest = json.loads(path.read_text())
     except ValueError as exc:
-        raise ConfigError(f"{path} is not valid JSON ({exc}); rebuild it with `dvc repro`") from None
+        raise ConfigError(f"{path} is not valid JSON ({exc}); {rebuild_hint(folder)}") from None
     if not isinstance(manifest, dict):
-        raise ConfigError(f"{path} is not a JSON object; rebuild it with `dvc repro`")
+        raise ConfigError(f"{path} is not a JSON object; {rebuild_hint(folder)}")
     return manifest
 
 
@@ -230,7 +292,7 @@ def check_loaded(images: np.ndarray, labels: np.ndarray, info: dict, num_classes
     N x C x H x W images of the manifest's shape (uint8 cannot hold NaN/inf or [0, 1] floats),
     int64 labels in [0, num_classes) whose counts per class are the manifest's. Raises one
     line naming ``where`` (issue 23: a re-hashed manifest must not let wrong data through)."""
-    fix = f"; rebuild {folder or 'it'} with `dvc repro`"
+    fix = f"; {rebuild_hint(folder or '.')}"
     if images.dtype != np.uint8 or images.ndim != 4:
         raise ConfigError(f"{where}: images are {images.dtype} with {images.ndim} dims, expected uint8 N x C x H x W{fix}")
     shape = list(info.get("shape", images.shape[1:]))
@@ -252,12 +314,12 @@ def check_num_classes(manifest: dict, where: str) -> int:
     participant (a manifest ``num_classes: 12`` over labels 0..9 would build 12-way heads)."""
     k = manifest.get("num_classes")
     if not isinstance(k, int) or isinstance(k, bool) or k < 2:
-        raise ConfigError(f"{where}: num_classes {k!r} must be an integer >= 2; rebuild it with `dvc repro`")
+        raise ConfigError(f"{where}: num_classes {k!r} must be an integer >= 2; {rebuild_hint(where)}")
     seen = {int(c) for p in manifest.get("participants", {}).values()
             for sp in p.get("splits", {}).values() for c in sp.get("class_counts", {})}
     if seen and max(seen) + 1 != k:
         raise ConfigError(f"{where}: num_classes is {k} but the labels of its splits span 0..{max(seen)}; "
-                          "rebuild it with `dvc repro`")
+                          f"{rebuild_hint(where)}")
     return k
 
 
@@ -269,13 +331,14 @@ def verify_manifest(folder: Path) -> None:
     files = manifest.get("files")
     if not isinstance(files, dict) or not files:
         raise ConfigError(f"{path}: key 'files' ({'missing' if files is None else repr(files)[:40]}) must map every "
-                          "data file to its sha256; rebuild it with `dvc repro`")
+                          f"data file to its sha256; {rebuild_hint(folder)}")
     # every data file a loader reads must be listed: an empty or partial map verified nothing (issue 38)
     unlisted = sorted(n for n in actual if n.endswith(".npy") and n not in files)
     if unlisted:
         more = f" (and {len(unlisted) - 1} more)" if len(unlisted) > 1 else ""
         raise ConfigError(f"{Path(folder) / unlisted[0]}{more} is not listed in {path}'s 'files', so its sha256 "
-                          "cannot be checked; rebuild it with `dvc repro`")
+                          f"cannot be checked; {rebuild_hint(folder)}")
     for name, digest in files.items():
         if actual.get(name) != digest:
-            raise ConfigError(f"{Path(folder) / name}: sha256 differs from {MANIFEST} (file changed or missing)")
+            raise ConfigError(f"{Path(folder) / name}: sha256 differs from {MANIFEST} (file changed or missing); "
+                              f"{rebuild_hint(folder)}")

@@ -32,11 +32,12 @@ import random
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Mapping, Optional, Sequence
 
 import numpy as np
 import torch
 
+from ..data.store import json_text
 from ..errors import RunError
 
 log = logging.getLogger(__name__)
@@ -147,7 +148,7 @@ def _np_gen_state(g: np.random.Generator) -> str:
 def write_job_info(partial: Path, cfg_hash: str, run_id: Optional[str]) -> None:
     partial.mkdir(parents=True, exist_ok=True)
     tmp = partial / f".{JOB}.tmp"
-    tmp.write_text(json.dumps({"config_hash": cfg_hash, "mlflow_run_id": run_id}) + "\n")
+    tmp.write_text(json_text({"config_hash": cfg_hash, "mlflow_run_id": run_id}, indent=None))
     os.replace(tmp, partial / JOB)
 
 
@@ -191,14 +192,16 @@ def input_hashes(manifests: Mapping[str, str], files: Mapping[str, Path] = ()) -
 
 def load(partial: Path, cfg_hash: str, inputs: Optional[Mapping[str, str]] = None,
          code: Optional[Mapping[str, Any]] = None, allow_code_change: bool = False,
-         last_round: Optional[int] = None) -> Optional[Dict[str, Any]]:
+         last_round: Optional[int] = None, models: Optional[Sequence[torch.nn.Module]] = None) -> Optional[Dict[str, Any]]:
     """The last complete checkpoint of this very job, or None (none yet, or the config or an input changed).
 
     ``inputs`` (``name -> sha256``, see :func:`input_hashes`) must equal the checkpoint's
     recorded inputs; a difference is logged in one line naming the first changed input.
     ``code`` (:func:`fedshift.provenance.code_version`): a checkpoint written by other code is
     refused with one line (RunError) unless ``allow_code_change``. A ``round`` outside
-    ``1..last_round`` is one line (RunError); non-finite weights set the file aside (renamed).
+    ``1..last_round`` is one line (RunError); non-finite weights, and weights that do not fit ``models``
+    (the job's models, built: a tensor of another shape, a missing or extra key), set the file aside
+    (renamed, one warning) and the job starts afresh: a rerun does not meet the same file again.
     """
     path = Path(partial) / CHECKPOINT
     if not path.exists():
@@ -226,10 +229,13 @@ def load(partial: Path, cfg_hash: str, inputs: Optional[Mapping[str, str]] = Non
                            f"file is damaged or not this job's: remove {Path(partial)} to start afresh")
     bad = nonfinite_tensor(ckpt.get("models") or [])
     if bad:
-        aside = path.with_name(f"{CHECKPOINT}.nonfinite-{int(time.time())}")
-        os.replace(path, aside)
         log.warning("checkpoint %s holds non-finite weights (%s): set aside as %s, starting afresh",
-                    path, bad, aside.name)
+                    path, bad, set_aside(path, "nonfinite").name)
+        return None
+    misfit = None if models is None else weights_misfit(ckpt.get("models") or [], models)
+    if misfit:  # issue 51 Q10: load_state_dict's size-mismatch traceback, the same on every rerun
+        log.warning("checkpoint %s does not fit this job's models (%s): set aside as %s, starting afresh",
+                    path, misfit, set_aside(path, "misfit").name)
         return None
     if code is not None:
         from ..provenance import describe_code
@@ -244,6 +250,32 @@ def load(partial: Path, cfg_hash: str, inputs: Optional[Mapping[str, str]] = Non
                                f"anyway, or remove {Path(partial)} to start afresh")
             log.warning("%s; resuming anyway (--resume-across-code-change)", what)
     return ckpt
+
+
+def set_aside(path: Path, why: str) -> Path:
+    """Rename a checkpoint no job can resume to ``<name>.<why>-<time>`` beside it (kept for a post-mortem, never
+    met again by a rerun); returns the new path."""
+    aside = Path(path).with_name(f"{Path(path).name}.{why}-{int(time.time())}")
+    os.replace(path, aside)
+    return aside
+
+
+def weights_misfit(saved: Sequence[Any], models: Sequence[torch.nn.Module]) -> Optional[str]:
+    """Where the checkpoint's weights ``saved`` (one state dict per participant, or ``{"same_as": i}``) do not
+    fit ``models``: ``models[i] <key>: shape [..] in the checkpoint, [..] in the model`` (or a missing / extra
+    key, another count), or None when every tensor would load."""
+    if len(saved) != len(models):
+        return f"{len(saved)} participants' weights, the job has {len(models)}"
+    for i, (sd, m) in enumerate(zip(saved, models)):
+        if not isinstance(sd, Mapping) or "same_as" in sd:
+            continue
+        want = m.state_dict()
+        for k in sorted(set(want) ^ set(sd)):
+            return f"models[{i}] {k}: {'missing from the checkpoint' if k in want else 'not in the model'}"
+        for k, t in sd.items():
+            if isinstance(t, torch.Tensor) and tuple(t.shape) != tuple(want[k].shape):
+                return f"models[{i}] {k}: shape {list(t.shape)} in the checkpoint, {list(want[k].shape)} in the model"
+    return None
 
 
 def nonfinite_tensor(models) -> Optional[str]:

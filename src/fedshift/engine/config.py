@@ -39,10 +39,11 @@ class EngineConfig:
     eval_round0: bool = True  # also evaluate the starting models (round 0 of rounds.csv); the authors' code does not
     eval_batch: int = 256  # inference batch (evaluation, figure data): fastest on CPU (benchmarks/bench_vs_reference.py)
     # bf16 autocast in evaluation: true needs hardware bf16 (AVX-512 BF16, AMX or CUDA), refused otherwise; auto = on
-    # for the avx512_bf16 CPU kind only (engine/cpu.py; 2.2x per evaluation on an AMX Xeon, accuracy -0.04 +- 0.10
-    # points, benchmarks/bf16_accuracy.py), off elsewhere; false = float32 on every kind
+    # for the CPU kinds with hardware bf16 where it was measured to gain (engine/cpu.py KIND_LEVERS: amx 2.2x per
+    # evaluation, avx512_bf16 1.2-1.4x; accuracy -0.04 +- 0.10 points, benchmarks/bf16_accuracy.py), off elsewhere
+    # (an AVX-512 CPU without avx512_bf16 emulates bf16: slower); false = float32 on every kind
     bf16: Union[bool, Literal["auto"]] = "auto"
-    # Inference levers (engine/evaluation.py; auto = the value measured for this CPU kind, EVAL_DEFAULTS,
+    # Inference levers (engine/evaluation.py; auto = the value measured for this CPU kind, engine/cpu.py KIND_LEVERS,
     # benchmarks/bench_eval.py): BatchNorm folded into the conv of an inference copy; the input batch in the
     # weights' layout (NHWC under channels_last)
     eval_fold_bn: Union[bool, Literal["auto"]] = "auto"
@@ -66,8 +67,8 @@ class EngineConfig:
     recompute_budget_mb: int = 1280
     # bf16 autocast of the training-mode feature extractor (local and public steps, train-mode teachers):
     # true needs hardware bf16 and applies to every model; auto = on for the avx512_bf16 CPU kind, for the
-    # model families measured to gain there (engine/cpu.py TRAIN_BF16_BY_FAMILY: ResNets 2.0x, MobileNetV2
-    # 1.2-1.8x; EfficientNet-B0 ran slower); false = float32 training on every kind
+    # model families measured to gain there (engine/cpu.py KIND_LEVERS: ResNets 2.0x, MobileNetV2 1.2-1.8x;
+    # EfficientNet-B0 ran slower; other kinds: not measured or no hardware bf16, off); false = float32 everywhere
     bf16_train: Union[bool, Literal["auto"]] = "auto"
     public_graphs: Literal["all", "one"] = "one"  # FCCL/FCCL+ collaborative step: every participant's autograd graph alive at once, or one (less memory, K-1 more forwards)
     last_k: int = 3  # headline = mean of the last 3 evaluated rounds (FCCL+ tables)

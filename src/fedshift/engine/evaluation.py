@@ -11,7 +11,7 @@ in the kernel's page faults than in the convolutions); the normalised input batc
 written into one reused buffer; ``engine.bf16`` adds bf16 autocast.
 
 Inference levers (``engine.eval_fold_bn``, ``engine.eval_channels_last``; ``auto`` picks
-the value measured for this CPU kind in :data:`EVAL_DEFAULTS`, benchmarks/bench_eval.py):
+the value measured for this CPU kind, :data:`fedshift.engine.cpu.KIND_LEVERS`, benchmarks/bench_eval.py):
 
 * folded BatchNorm: each model is evaluated through a copy (:func:`inference_copy`) whose
   BatchNorm layers are folded into the convolution before them (eval-mode BatchNorm is an
@@ -21,8 +21,8 @@ the value measured for this CPU kind in :data:`EVAL_DEFAULTS`, benchmarks/bench_
 * channels_last input: the normalised batch is written in the layout of the model's
   weights (NHWC under ``engine.channels_last``), so the first convolution does not
   convert it (measured slower: off on every kind).
-* bf16 autocast (``engine.bf16``, :mod:`.cpu`): ``auto`` = on for the ``avx512_bf16``
-  kind only.
+* bf16 autocast (``engine.bf16``, :mod:`.cpu`): ``auto`` = on for the kinds with hardware
+  bf16 where it was measured to gain (``amx``, ``avx512_bf16``).
 """
 
 from __future__ import annotations
@@ -57,29 +57,18 @@ class EvalSuite:
 
 
 # ------------------------------------------------------------- inference levers
-# engine.eval_fold_bn / engine.eval_channels_last: auto -> the value measured fastest on each CPU kind
-# (engine.cpu.cpu_kind) by benchmarks/bench_eval.py, settings interleaved, 2 threads (tables in
-# benchmarks/results/eval_levers_*.md). Folded BatchNorm: 1.18x (1.17-1.25) on an idle AVX-512 BF16 + AMX Xeon,
-# 1.15x (1.06-1.17) there with ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2. The NHWC input buffer was
-# slower on both (0.96x, 0.90-0.94x): off. A kind not listed (another architecture, CUDA) gets "other".
-EVAL_DEFAULTS: Dict[str, Dict[str, bool]] = {
-    "avx512_bf16": {"fold_bn": True, "channels_last": False},
-    "avx512": {"fold_bn": True, "channels_last": False},  # not measured apart: as avx512_bf16 (same fp32 kernels)
-    "avx2": {"fold_bn": True, "channels_last": False},
-    "other": {"fold_bn": False, "channels_last": False},  # not measured (GPUs, other CPUs): off
-}
+# engine.eval_fold_bn / engine.eval_channels_last: auto -> the value measured on each CPU kind, kept with the
+# other per-kind levers in engine.cpu.KIND_LEVERS (figures and machines beside the table).
 
 
 def eval_lever(name: str, setting: Union[bool, str], device: torch.device, kind: Optional[str] = None) -> bool:
-    """An inference lever's setting resolved: ``auto`` -> :data:`EVAL_DEFAULTS` for ``kind``
-    (default: this machine's :func:`fedshift.engine.cpu.cpu_kind`; CUDA devices use "other")."""
+    """An inference lever (``fold_bn`` / ``channels_last``) resolved: ``auto`` -> :data:`~.cpu.KIND_LEVERS` of
+    ``kind`` (default: this machine's :func:`fedshift.engine.cpu.cpu_kind`; CUDA devices: "other")."""
     if setting != "auto":
         return bool(setting)
-    if kind is None:
-        from .cpu import cpu_kind
+    from .cpu import kind_levers
 
-        kind = cpu_kind() if device.type == "cpu" else "other"
-    return EVAL_DEFAULTS.get(kind, EVAL_DEFAULTS["other"])[name]
+    return getattr(kind_levers(kind, device), f"eval_{name}")
 
 
 def inference_levers(cfg, device: torch.device) -> Tuple[bool, bool]:

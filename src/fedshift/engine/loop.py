@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 import torch
 
-from ..errors import NonFiniteError
+from ..errors import NonFiniteError, RunError
 from . import checkpoint
 from . import selection as tune  # issue 36: early stopping and the validation score of tuning candidates
 from .config import EngineConfig
@@ -115,7 +115,8 @@ class FederateJob:
         if not self.eng.checkpoint_every:
             return None
         return checkpoint.load(self.partial, self.cfg_hash, self.inputs, code=self.record["code"],
-                               allow_code_change=allow_code_change, last_round=self.eng.rounds)
+                               allow_code_change=allow_code_change, last_round=self.eng.rounds,
+                               models=[c.model for c in self.fed.clients])
 
 
 class RunLoop:
@@ -158,7 +159,14 @@ class RunLoop:
 
     def resume(self, ckpt: Dict[str, Any]) -> int:
         """Restore the federation, the method and the gathered results from a checkpoint; the next round."""
-        checkpoint.restore_federation(self.fed, self.method, ckpt)
+        try:
+            checkpoint.restore_federation(self.fed, self.method, ckpt)
+        except (RuntimeError, ValueError, KeyError, TypeError) as exc:  # e.g. a method state of another layout
+            aside = checkpoint.set_aside(self.job.partial / checkpoint.CHECKPOINT, "unrestorable")
+            first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:200]
+            raise RunError(f"checkpoint {aside.with_name(checkpoint.CHECKPOINT)} (round {ckpt.get('round')}) could "
+                           f"not be restored ({type(exc).__name__}: {first}); set aside as {aside.name}: rerun to "
+                           "start afresh") from None
         self.all_rows, self.history = ckpt["rows"], ckpt["history"]
         self.eval_rounds = list(ckpt.get("eval_rounds", []))
         self.history_g, self.rounds_g = list(ckpt.get("history_g", [])), list(ckpt.get("rounds_g", []))
@@ -172,7 +180,8 @@ class RunLoop:
         """A checkpoint after round ``r``: the job's identity, the federation ``state``, the results so far."""
         job = self.job
         return {"config_hash": job.cfg_hash, "inputs": job.inputs, "round": r,
-                "run_id": getattr(self.tracker, "run_id", None), "code": job.record["code"], **state,
+                "run_id": getattr(self.tracker, "run_id", None), "code": job.record["code"],
+                "code_changes": job.record.get("resumed_across_code_change", []), **state,
                 "rows": self.all_rows, "history": self.history, "eval_rounds": self.eval_rounds,
                 "timings": self.timings, "history_g": self.history_g, "rounds_g": self.rounds_g,
                 "global_curve": [list(c) for c in self.global_eval.curve], "resumed": self.resumed}

@@ -6,12 +6,14 @@
   reused across rounds and their checkpointed form (FCCL, MOON, FML);
 * :class:`PublicOptimizerState` - persistent public-data optimisers as method state (RHFL, FedMatch);
 * :func:`digest` - train one participant toward per-image targets on the public set (FedMD's
-  digest, RCFL's distillation).
+  digest, RCFL's distillation);
+* :func:`holding_data` - the participants of a round that hold private images (the others named in a warning).
 """
 
 from __future__ import annotations
 
-from typing import Any, Dict, List, Mapping, Optional
+import logging
+from typing import Any, Dict, List, Mapping, Optional, Sequence
 
 import torch
 
@@ -29,6 +31,18 @@ def average_models(clients, weighting: str = "samples") -> Dict[str, torch.Tenso
     for c in clients:
         c.model.load_state_dict(avg)
     return avg
+
+
+def holding_data(clients: Sequence, method: str, r: int, what: str) -> List:
+    """The ``clients`` that hold private images. The others train nothing and so have nothing to send (``what``);
+    one warning per round names them (issue 51 R28/R32: FedProto stopped with a KeyError, FDSE's fair
+    aggregation took their zero update as the min-norm direction and never moved)."""
+    empty = [c.name for c in clients if not c.num_private]
+    if empty:
+        logging.getLogger("fedshift.methods").warning(
+            "%s round %d: participant(s) %s hold no private images: %s; rebuild the partition so every "
+            "participant holds data", method, r, ", ".join(empty), what)
+    return [c for c in clients if c.num_private]
 
 
 def refresh_copy(dst: Optional[torch.nn.Module], src: torch.nn.Module) -> torch.nn.Module:

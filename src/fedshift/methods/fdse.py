@@ -77,6 +77,10 @@ Differs from the official code (and why):
   the same up to the solver's tolerance;
 * ``eval_models: global`` (a switch; default ``local`` as the official logger) scores the round's
   aggregate (shared + each client's personalised part) instead;
+* a personalised tensor that is zero for a participant (e.g. a DSE BatchNorm bias after a zero update)
+  has cosine 0 with every other (the official code divides by its zero norm: NaN weights, issue 51 R27);
+  a participant holding no private images is left out of both aggregations, with a warning each round
+  (its zero update would be the min-norm point of the fair aggregation: the shared part would never move);
 * the paper's regulariser was not compared line by line with the code (the paper text is not in
   the reference material): the code's form is implemented.
 
@@ -100,6 +104,7 @@ from torch.nn.modules.batchnorm import _BatchNorm
 
 from ..engine.sampling import round_clients
 from .base import METHODS, Method, ServerParams
+from .common import holding_data
 
 State = Dict[str, torch.Tensor]
 
@@ -295,7 +300,8 @@ def fair_aggregate(current: torch.Tensor, locals_: Sequence[torch.Tensor]) -> to
 def similarity_aggregate(tensors: Sequence[torch.Tensor], tau: float) -> List[torch.Tensor]:
     """Per participant i: ``sum_j softmax_j(cos(t_i, t_j) / tau) t_j`` (algorithm/fdse.py:153-160)."""
     flat = torch.stack([t.reshape(-1) for t in tensors])
-    unit = flat / flat.norm(dim=1, keepdim=True)
+    norm = flat.norm(dim=1, keepdim=True)
+    unit = torch.where(norm > 0, flat / norm, torch.zeros_like(flat))  # a zero tensor: cosine 0 (official: NaN)
     w = torch.softmax(unit @ unit.T / tau, dim=1)
     return [(wi @ flat).reshape(tensors[0].shape) for wi in w]
 
@@ -414,7 +420,10 @@ class FDSE(Method):
         for c in clients:
             self._receive(c)
             losses[f"{c.name}/train/local_loss"] = self._train(fed, c, r)
-        self._aggregate(clients)
+        # a participant without images has no update: its zero step would be the min-norm direction (issue 51 R28)
+        sent = holding_data(clients, self.name, r, "they have no update and are left out of the aggregation")
+        if sent:
+            self._aggregate(sent)
         return losses
 
     def _train(self, fed, c, r: int) -> float:

@@ -87,7 +87,8 @@ import torch.nn.functional as F
 from ..data.loading import normalize
 from ..engine.sampling import round_clients, write_sampled
 from .base import METHODS, Method
-from .prototypes import PrototypeScoring, class_sums, mean_prototypes, pool_to, proto_mse_loss, proto_paper_loss
+from .common import holding_data
+from .prototypes import AbsentClasses, PrototypeScoring, class_sums, mean_prototypes, pool_to, proto_mse_loss, proto_paper_loss
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,9 @@ class FedProto(Method):
     supports_sampling = True  # only the round's sampled clients train and upload (serverproto.py:29-44)
     supports_server_model = False
     per_client_state = "keeps every participant's own model (prototype exchange, no parameter averaging)"
+    # what a class held by no uploading participant means here (the warning of issue 51 R31 says it)
+    absent_effect = ("it has no global prototype this round, so nearest-prototype scoring never predicts it and "
+                     "its samples add no regulariser term (as HtFLlib's serverproto.py / clientproto.py)")
 
     def setup(self, fed) -> None:
         self._fed = fed
@@ -139,6 +143,7 @@ class FedProto(Method):
         self.protos: Optional[torch.Tensor] = None  # (C, d) global prototypes; None before the first upload
         self.present: Optional[torch.Tensor] = None  # (C,) bool
         self._acc: Dict[str, tuple] = {}  # participant -> (sums, counts) of this round's training reps
+        self._absent = AbsentClasses(self.name, self.absent_effect)
         for c in fed.clients:  # scoring: head still removes an earlier method object's hook from these models
             PrototypeScoring.install(c.model, self if self.p.scoring == "prototype" else None)
 
@@ -182,14 +187,17 @@ class FedProto(Method):
         self._acc = {}
         metrics = fed.train_participants(clients, loss_fn=lambda cl, x, y, s: self.local_loss(fed, cl, x, y, s))
         uploads = []
-        for c in clients:
-            if self.p.local_protos == "training":
+        for c in holding_data(clients, self.name, r, "they upload no prototypes"):  # no images: nothing to upload
+            if self.p.local_protos == "eval":
+                uploads.append(self.eval_prototypes(fed, c))
+            elif c.name in self._acc:  # every step of the participant skipped (skip_batch): no training reps
                 s, n = self._acc.pop(c.name)
                 uploads.append((s / n.clamp(min=1).unsqueeze(1), n))
-            else:
-                uploads.append(self.eval_prototypes(fed, c))
         self._acc = {}
-        self.aggregate(fed, r, uploads)
+        if uploads:  # none: the global prototypes stay those of the last round with uploads
+            self.aggregate(fed, r, uploads)
+            if self.present is not None:
+                self._absent(self.present, r)
         return metrics
 
     def aggregate(self, fed, r: int, uploads) -> None:

@@ -31,8 +31,8 @@ TsingZ0/HtFLlib e959261d ``system/flcore/{clients/clienttgp.py,servers/servertgp
 * margin: classes' gaps from the uniform per-class mean of the uploads (``servertgp.py:102-115,
   158-168``), ``margin = min(max_gap, margin_threshold)`` (``:139``);
 * global prototypes: the TGP's output for every class after training (``servertgp.py:151-155``),
-  so every class has one (present = all) once the server has trained; none before the first
-  upload (no regulariser in round 1, ``clienttgp.py:46``).
+  so every class has one once the server has trained (see below for a class nobody holds); none
+  before the first upload (no regulariser in round 1, ``clienttgp.py:46``).
 * client sampling: the selected clients train and upload (``servertgp.py:56-72``).
 
 * scoring: the nearest global prototype by MSE (``clienttgp.py:90-120``, as FedProto's client)
@@ -43,7 +43,11 @@ Differs (and why): as FedProto (:mod:`fedshift.methods.fedproto`: representation
 prototype exists, the engine's local optimiser). The distance's square root is taken of the
 expanded form clamped at 0 (the official code takes it unclamped: a rounding error below
 zero there gives NaN). The TGP's initialisation and the server's shuffling draw from their
-own seeded stream (a child of the run's seed), so runs and resumes repeat exactly.
+own seeded stream (a child of the run's seed), so runs and resumes repeat exactly. A class no
+participant has uploaded yet keeps its TGP prototype (trained only as the other classes' negative, as
+the official code trains it) but is left out of nearest-prototype scoring, with a warning naming it
+(the official code scores it: a class nobody holds can only be a wrong answer, issue 51 R31);
+``present`` = the classes some participant has uploaded in any round so far.
 
 State across rounds: the TGP's weights, its random stream, the global prototypes
 (:meth:`FedTGP.state_dict`).
@@ -94,6 +98,8 @@ class FedTGP(FedProto):
 
     name = "fedtgp"
     Params = FedTGPParams
+    absent_effect = ("the server model still makes it a prototype, trained only as the other classes' negative; "
+                     "nearest-prototype scoring leaves it out until a participant uploads it")
 
     def setup(self, fed) -> None:
         super().setup(fed)
@@ -129,7 +135,11 @@ class FedTGP(FedProto):
         self.tgp.eval()
         with torch.no_grad():
             self.protos = self.tgp().detach().clone()
-        self.present = torch.ones(fed.num_classes, dtype=torch.bool, device=self.protos.device)
+        # the TGP makes a prototype for every class (servertgp.py:153-156); one no participant has ever uploaded
+        # was trained only as a negative and is left out of scoring (issue 51 R31; a class nobody holds can only
+        # be a wrong answer)
+        seen = has.any(0)
+        self.present = seen if self.present is None else seen | self.present.to(seen.device)
 
     def local_update(self, fed, r: int) -> Dict[str, float]:
         metrics = super().local_update(fed, r)

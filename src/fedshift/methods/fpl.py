@@ -55,8 +55,9 @@ import torch.nn.functional as F
 
 from ..engine.sampling import round_clients
 from .base import METHODS, ServerParams
+from .common import holding_data
 from .fedavg import FedAvg
-from .prototypes import class_sums, fpl_prototype_loss, fpl_server_prototypes
+from .prototypes import AbsentClasses, class_sums, fpl_prototype_loss, fpl_server_prototypes
 
 
 @dataclass(frozen=True)
@@ -94,6 +95,8 @@ class FPL(FedAvg):
         self._device = fed.device
         self.clusters = self.owner = self.unbiased = self.present = None
         self._acc: Dict[str, tuple] = {}
+        self._absent = AbsentClasses(self.name, "it has no cluster or unbiased prototype, so its samples add no "
+                                                "prototype term (as RethinkFL's fpl.py: only uploaded classes have one)")
 
     def local_loss(self, fed, client, x, y, step):
         h, logits = client.model.forward_with_features(x)
@@ -111,11 +114,16 @@ class FPL(FedAvg):
         self._acc = {}
         metrics = super().local_update(fed, r)
         trained = fed.clients if self.local_protocol else round_clients(fed, r)
-        sums = [self._acc[c.name] for c in trained]
+        # a participant without images (or whose last epoch's steps were all skipped) uploads nothing
+        sums = [self._acc[c.name] for c in holding_data(trained, self.name, r, "they upload no prototypes")
+                if c.name in self._acc]
         self._acc = {}
+        if not sums:  # nobody uploaded: the prototypes of the last round with uploads stay
+            return metrics
         protos = torch.stack([s / n.clamp(min=1).unsqueeze(1) for s, n in sums])
         has = torch.stack([n > 0 for _, n in sums])
         self.clusters, self.owner, self.unbiased, self.present = fpl_server_prototypes(protos, has)
+        self._absent(self.present, r)
         return metrics
 
     def state_dict(self) -> Dict[str, Any]:

@@ -8,7 +8,8 @@ commits the docstrings of those modules name.
 
 from __future__ import annotations
 
-from typing import Dict, List, Tuple
+import logging
+from typing import Dict, List, Set, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -111,6 +112,25 @@ def class_sums(rep: Tensor, labels: Tensor, num_classes: int) -> Tuple[Tensor, T
     sums.index_add_(0, labels, rep)
     counts = torch.bincount(labels, minlength=num_classes).to(rep.dtype)
     return sums, counts
+
+
+class AbsentClasses:
+    """One warning per class that has no global prototype because no participant that uploaded holds it
+    (issue 51 R31): named once, the first round it is missing (a class missing only from a sampled
+    round's uploads is named too; later rounds stay quiet). ``effect``: what that means for the method."""
+
+    def __init__(self, method: str, effect: str):
+        self.method, self.effect = method, effect
+        self.named: Set[int] = set()
+
+    def __call__(self, present: Tensor, r: int) -> None:
+        new = [c for c, p in enumerate(present.tolist()) if not p and c not in self.named]
+        if new:
+            self.named.update(new)
+            which = f"class {new[0]}" if len(new) == 1 else f"classes {', '.join(map(str, new))}"
+            logging.getLogger("fedshift.methods").warning(
+                "%s round %d: %s held by no participant that uploaded prototypes: %s", self.method, r, which,
+                self.effect)
 
 
 def mean_prototypes(protos: Tensor, has: Tensor) -> Tuple[Tensor, Tensor]:

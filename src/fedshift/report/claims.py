@@ -1,5 +1,5 @@
 """The papers' qualitative claims (``params/papers/claims.yaml``), evaluated on the papers' own
-tables and on our runs, and the equivalence margin a table's claims imply.
+tables and on our runs.
 
 * Each claim is a list of comparisons (:func:`evaluate_claims`): a claim holds only when every pair it
   names was evaluated and holds ("partly evaluable: k of n" otherwise, "NOT held" as soon as one
@@ -12,16 +12,21 @@ tables and on our runs, and the equivalence margin a table's claims imply.
   every target they have (an unstated optimiser choice scales every method's rounds, so only ratios
   compare across schedules).
 * On our runs "held" and "NOT held" need the same evidence (:func:`claim_verdict`): "CI-separated"
-  only when both sides have n ≥ MIN_N and their intervals are apart, else inconclusive.
-* :func:`table_margin`: half the smallest printed gap a claim of a table rests on, so that agreeing
-  within the margin cannot turn the claim around.
+  only when both sides have n ≥ MIN_N and their intervals (each at least the metric's resolution wide)
+  are apart, else inconclusive. Means closer than floating-point noise are a tie (a tie does not beat).
+* Rounds to a target on our runs, with per-seed values: each pair is decided by Gehan's generalised
+  Wilcoxon statistic (:func:`fedshift.report.stats.gehan`: a seed that never reached the target is
+  right-censored at its last round + 1, so only a reached seed can be certainly faster), its one-sided
+  permutation p printed; CI-separated only when each side's seeds agree about reaching the target (all
+  reached: their t intervals; none reached: [the censoring bound, ∞)) and the intervals are apart. A side
+  whose seeds disagree about reaching it never gives a CI-separated verdict.
 """
 
 from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Dict, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import Dict, Iterable, List, Mapping, NamedTuple, Optional, Tuple
 
 import pandas as pd
 import yaml
@@ -30,7 +35,7 @@ from ..errors import ConfigError
 from .frames import is_homogeneous
 from .frames import topk as _topk
 from .published import BASE_PRETRAIN, claims_path, ours_method
-from .stats import DEFAULT_MARGIN, MIN_N, fmt_interval, mean_ci, no_verdict_reason
+from .stats import FLOAT_TOL, MIN_N, fmt_interval, gehan, mean_ci, no_verdict_reason, resolution
 
 
 STRUCTURES = ("homogeneous", "heterogeneous")
@@ -75,72 +80,109 @@ def _resolve_metric(metric: str, scenario: str) -> str:
     return metric
 
 
-def _pair(a, b, lower: bool, factor: float) -> Optional[bool]:
-    """Does a beat b (a < factor·b when ``lower``, else a > factor·b)? a, b = (mean, ci, n, reached).
-    True / False, or None when censored rounds leave it open. A challenger that never reached its target
-    (reached = 0) does not beat a reference that did (the caller has already set aside a reference that
-    never reached it: that pair is not evaluable)."""
-    (ma, na, ra), (mb, nb, rb) = (a[0], a[2], a[3]), (b[0], b[2], b[3])
+class Side(NamedTuple):
+    """One side of a compared pair: our mean over seeds (or a printed value, n = 0), its 95% half-width,
+    n, how many seeds reached a rounds target, the per-seed values and reached flags (when known), and
+    the metric's resolution (:func:`fedshift.report.stats.resolution`)."""
+
+    mean: float
+    ci: float
+    n: int
+    reached: int
+    seeds: Optional[Dict[int, float]] = None
+    reached_by_seed: Optional[Dict[int, bool]] = None
+    resolution: float = math.nan
+
+
+def _beats(ma: float, mb: float, lower: bool, factor: float) -> bool:
+    """a < factor·b (``lower``) or a > factor·b; equal to floating-point noise is a tie, and a tie does
+    not beat."""
+    diff = (factor * mb - ma) if lower else (ma - factor * mb)
+    return diff > FLOAT_TOL * (1.0 + abs(ma) + abs(factor * mb))
+
+
+def _pair(a: Side, b: Side, lower: bool, factor: float) -> Optional[bool]:
+    """Does a beat b on the means? True / False, or None when censored rounds leave it open. A challenger
+    that never reached its target does not beat a reference that did (the caller has already set aside a
+    reference that never reached it: that pair is not evaluable)."""
     if not lower:
-        return ma > factor * mb
-    if na > 0 and ra == 0:  # ours, never reached (a printed value has n = 0)
+        return _beats(a.mean, b.mean, False, factor)
+    if a.n > 0 and a.reached == 0:  # ours, never reached (a printed value has n = 0)
         return False
-    a_exact, b_exact = ra == na, rb == nb
+    a_exact, b_exact = a.reached == a.n, b.reached == b.n
     if a_exact and b_exact:
-        return ma < factor * mb
+        return _beats(a.mean, b.mean, True, factor)
     if not a_exact and b_exact:  # a's mean is a lower bound
-        return False if ma >= factor * mb else None
+        return False if not _beats(a.mean, b.mean, True, factor) else None
     if a_exact and not b_exact:  # b's mean is a lower bound
-        return True if ma < factor * mb else None
+        return True if _beats(a.mean, b.mean, True, factor) else None
     return None
 
 
-def _never_reached(v) -> bool:
+def _never_reached(v: Side) -> bool:
     """Our side (n > 0) whose every seed missed the rounds target."""
-    return v[2] > 0 and v[3] == 0
+    return v.n > 0 and v.reached == 0
 
 
-def _interval(v, factor: float = 1.0) -> Optional[Tuple[float, float]]:
+def _partly_censored(v: Side) -> bool:
+    """Our side whose seeds disagree about reaching the target at all."""
+    return v.n > 0 and 0 < v.reached < v.n
+
+
+def _interval(v: Side, factor: float = 1.0) -> Optional[Tuple[float, float]]:
     """The side's 95% interval (scaled by ``factor``) if it can carry a verdict, else None: at least
-    :data:`MIN_N` seeds and a non-zero width. A censored side (some seeds never reached the target) is
-    [its mean, ∞): the mean counts those seeds at their last round + 1, a lower bound."""
-    mean, ci, n, reached = v[:4]
-    if n < MIN_N:
+    :data:`MIN_N` seeds and a half-width of at least the metric's resolution. A side none of whose seeds
+    reached the rounds target is [its smallest censoring bound, ∞) (each such seed would need at least
+    its last round + 1); a side whose seeds disagree about reaching has none."""
+    if v.n < MIN_N or _partly_censored(v):
         return None
-    if reached < n:
-        return factor * mean, math.inf
-    if no_verdict_reason(ci, n):
+    if v.reached == 0 and v.n > 0:
+        low = min(v.seeds.values()) if v.seeds else v.mean
+        return factor * low, math.inf
+    if no_verdict_reason(v.ci, v.n, v.resolution):
         return None
-    return factor * (mean - ci), factor * (mean + ci)
+    return factor * (v.mean - v.ci), factor * (v.mean + v.ci)
 
 
-def _separation(va, vb, lower: bool, factor: float) -> Tuple[bool, bool]:
+def _apart(low: float, high: float) -> bool:
+    """high < low, beyond floating-point noise (two intervals apart)."""
+    return not math.isinf(high) and _beats(high, low, True, 1.0)
+
+
+def _separation(va: Side, vb: Side, lower: bool, factor: float) -> Tuple[bool, bool]:
     """(a beats b with the 95% intervals apart, b beats a with the intervals apart); both False when
-    either side has no interval that can carry a verdict (n < MIN_N, zero width)."""
+    either side has no interval that can carry a verdict (n < MIN_N, narrower than the resolution, seeds
+    that disagree about reaching a rounds target)."""
     ia, ib = _interval(va), _interval(vb, factor)
     if ia is None or ib is None:
         return False, False
     if lower:
-        return ia[1] < ib[0], ia[0] > ib[1]
-    return ia[0] > ib[1], ia[1] < ib[0]
+        return _apart(ib[0], ia[1]), _apart(ia[0], ib[1])
+    return _apart(ia[0], ib[1]), _apart(ib[0], ia[1])
 
 
-def _fmt_term(name: str, v) -> str:
-    mean, ci, n, reached = v[:4]
-    if n == 0:  # a printed value of the paper: no seeds of ours behind it
-        return f"{name} {mean:.2f}"
-    if reached < n:
-        return f"{name} ≥ {mean:.2f} (reached {reached}/{n})"
-    return f"{name} {fmt_interval(mean, ci, n, bounded=False)} (n={n})"
+def _observations(v: Side, factor: float = 1.0) -> Optional[List[Tuple[float, bool]]]:
+    """(rounds, reached) per seed, scaled by ``factor``, when the per-seed values are known."""
+    if not v.seeds or v.reached_by_seed is None:
+        return None
+    return [(factor * x, bool(v.reached_by_seed.get(s, True))) for s, x in sorted(v.seeds.items())]
 
 
-def _ratio_text(v, vr) -> str:
-    """v / reference, with ≥ / ≤ where a censored side makes the ratio a bound, '?' where both are."""
-    r = v[0] / vr[0]
-    v_low, r_low = v[2] > 0 and v[3] < v[2], vr[2] > 0 and vr[3] < vr[2]  # a censored mean is a lower bound
+def _fmt_term(name: str, v: Side) -> str:
+    if v.n == 0:  # a printed value of the paper: no seeds of ours behind it
+        return f"{name} {v.mean:.2f}"
+    if v.reached < v.n:
+        return f"{name} ≥ {v.mean:.2f} (reached {v.reached}/{v.n})"
+    return f"{name} {fmt_interval(v.mean, v.ci, v.n, bounded=False)} (n={v.n})"
+
+
+def _ratio_text(v: Side, vr: Side) -> str:
+    """v / reference, with ≥ / ≤ where a censored side makes the ratio a bound, '?' where both are (a term
+    that is the reference itself is named so by the caller, never divided by itself)."""
+    v_low, r_low = v.n > 0 and v.reached < v.n, vr.n > 0 and vr.reached < vr.n  # a censored mean is a lower bound
     if v_low and r_low:
-        return f"? ({r:.2f} from two lower bounds)"
-    return ("≥ " if v_low else "≤ " if r_low else "") + f"{r:.2f}"
+        return "? (both are lower bounds)"
+    return ("≥ " if v_low else "≤ " if r_low else "") + f"{v.mean / vr.mean:.2f}"
 
 
 def _target_text(metric: str) -> str:
@@ -151,10 +193,18 @@ def _target_text(metric: str) -> str:
         return t
 
 
+def _gehan_text(u: int, pairs: int, p: float) -> str:
+    return (f"Gehan U = {u:+d} over {pairs} seed pairs (+: fewer rounds; a never-reaching seed censored at its "
+            f"last round + 1), one-sided permutation p = {p:.3f}")
+
+
 def _check(claim: dict, lookup, scenario: str, metric: Optional[str] = None) -> Optional[dict]:
     """Evaluate a claim's pairs in one group; None when none of its pairs is present there. A rounds pair
-    whose reference never reached the target in any seed is *not evaluable* (nothing to be fewer than);
-    a challenger that never reached a target its reference reached fails."""
+    neither side of which reached the target in any seed is *not evaluable* (nothing to be fewer than);
+    a challenger that never reached a target its reference reached fails, and one that reached a target
+    its reference never reached holds. On our runs a rounds pair with
+    per-seed values is decided by Gehan's generalised Wilcoxon (censoring-aware ranks, :func:`gehan`) and
+    is CI-separated only when neither side's seeds disagree about reaching the target."""
     lower = bool(claim.get("lower_is_better", False)) or claim.get("kind") == "ratio"
     ratio = claim.get("kind") == "ratio"
     factor = float(claim.get("below", 1.0)) if ratio else 1.0
@@ -163,52 +213,70 @@ def _check(claim: dict, lookup, scenario: str, metric: Optional[str] = None) -> 
     paired = claim.get("paired") == "seeds" and not ratio
     rounds = metric.startswith("rounds_to/")
     total = len(claim["compare"])
-    done, lines, failed, open_, separated, against, unreached = 0, [], False, 0, True, False, []
+    done, lines, failed, open_, separated, against, unreached, ranks = 0, [], False, 0, True, False, [], False
     for a, b in claim["compare"]:
         va, vb = lookup(*_term(a), metric, part), lookup(*_term(b), metric, part)
-        if va is None or vb is None or pd.isna(va[0]) or pd.isna(vb[0]):
-            lines.append(f"{a} vs {b}: not evaluated ({a if va is None or pd.isna(va[0]) else b} absent)")
+        if va is None or vb is None or pd.isna(va.mean) or pd.isna(vb.mean):
+            lines.append(f"{a} vs {b}: not evaluated ({a if va is None or pd.isna(va.mean) else b} absent)")
             continue
-        if rounds and _never_reached(vb):
+        if rounds and _never_reached(vb) and _never_reached(va):
             unreached.append(b)
-            lines.append(f"{a} vs {b}: not evaluable ({b} never reached {_target_text(metric)} in {vb[2]} "
-                         f"seed{'s' if vb[2] != 1 else ''}; {_fmt_term(a, va)})")
+            lines.append(f"{a} vs {b}: not evaluable (neither reached {_target_text(metric)}: {b} in {vb.n} "
+                         f"seed{'s' if vb.n != 1 else ''}; {_fmt_term(a, va)})")
             continue
         done += 1
-        seeds = sorted(set(va[4]) & set(vb[4])) if paired and len(va) > 4 and va[4] and vb[4] else []
+        seeds = sorted(set(va.seeds) & set(vb.seeds)) if paired and va.seeds and vb.seeds else []
+        if rounds and any(v.reached < v.n for v in (va, vb)):
+            seeds = []  # a censored seed has no difference to pair
         if len(seeds) >= 2:  # paired over seeds: the interval of the per-seed differences
-            d, dh, dn = mean_ci([(vb[4][s] - va[4][s]) if lower else (va[4][s] - vb[4][s]) for s in seeds])
-            ok = bool(d > 0)
-            failed |= not ok
-            can = not no_verdict_reason(dh, dn)
-            separated &= ok and can and d - dh > 0
-            against |= (not ok) and can and d + dh < 0
+            d, dh, dn = mean_ci([(vb.seeds[s] - va.seeds[s]) if lower else (va.seeds[s] - vb.seeds[s]) for s in seeds])
+            up = _beats(d, 0.0, False, 1.0)
+            failed |= not up
+            can = not no_verdict_reason(dh, dn, max(va.resolution, vb.resolution))
+            separated &= up and can and _beats(d - dh, 0.0, False, 1.0)
+            against |= (not up) and can and _beats(0.0, d + dh, False, 1.0)
             lines.append(f"{a} − {b} paired over seeds {', '.join(str(s) for s in seeds)}: "
                          f"Δ = {d:+.2f}{' (lower is better)' if lower else ''}, 95% CI [{d - dh:+.2f}, {d + dh:+.2f}] (n={dn}): "
-                         f"{'yes' if ok else 'NO'}")
+                         f"{'yes' if up else 'NO'}")
             continue
-        ok = _pair(va, vb, lower, factor)
-        ok = None if ok is None else bool(ok)  # numpy bools are not the singletons `is` compares
+        oa, ob = (_observations(va), _observations(vb, factor)) if rounds else (None, None)
+        gehan_line = ""
+        ok: Optional[bool]
+        if oa and ob:  # censoring-aware ranks decide a rounds pair of ours
+            u, p_fewer, p_more = gehan(oa, ob)
+            ok = True if u > 0 else False if u < 0 else None
+            gehan_line = _gehan_text(u, len(oa) * len(ob), p_fewer if u >= 0 else p_more)
+            ranks = True
+        elif rounds and va.n > 0 and vb.n > 0 and (_partly_censored(va) or _partly_censored(vb)):
+            ok = None  # seeds that disagree about reaching, without their per-seed rounds: nothing to rank
+        else:
+            pair = _pair(va, vb, lower, factor)
+            ok = None if pair is None else bool(pair)  # numpy bools are not the singletons `is` compares
         if ok is None:
             open_ += 1
         failed |= ok is False
-        sep_for, sep_against = _separation(va, vb, lower, factor) if not ratio else (False, False)
-        if ratio:  # a ratio claim compares two rounds counts against `below`: CI-separated when both
-            sep_for, sep_against = _separation(va, vb, True, factor)  # intervals clear it (b scaled by it)
+        sep_for, sep_against = _separation(va, vb, True if ratio else lower, factor)
         separated &= bool(ok) and sep_for
         against |= ok is False and sep_against
         word = {True: "yes", False: "NO", None: "open (censored)"}[ok]
         ref = claim.get("ratio_vs")
         vr = lookup(ref, None, metric, part) if ref else None
-        if ref and vr is not None and not pd.isna(vr[0]) and vr[0]:
-            lines.append(f"{_fmt_term(a, va)}, {_fmt_term(b, vb)}; {a} / {ref} = {_ratio_text(va, vr)}, "
-                         f"{b} / {ref} = {_ratio_text(vb, vr)}: {a} {'<' if lower else '>'} {b}: {word}")
+        if ref and vr is not None and not pd.isna(vr.mean) and vr.mean:
+            ratios = ", ".join(f"{t}: the reference" if _term(t)[0] == ref else f"{t} / {ref} = {_ratio_text(v, vr)}"
+                               for t, v in ((a, va), (b, vb)))
+            text = f"{_fmt_term(a, va)}, {_fmt_term(b, vb)}; {ratios}"
+            lines.append(f"{text}{'; ' + gehan_line if gehan_line else ''}: {a} {'<' if lower else '>'} {b}: {word}")
         elif ratio:
-            r = va[0] / vb[0] if vb[0] else math.nan
-            bound = "≤ " if va[3] == va[2] and vb[3] < vb[2] else ("≥ " if va[3] < va[2] and vb[3] == vb[2] else "")
-            lines.append(f"{_fmt_term(a, va)} / {_fmt_term(b, vb)} = {bound}{r:.2f} < {factor:g}: {word}")
+            r = va.mean / vb.mean if vb.mean else math.nan
+            bound = ("? " if va.reached < va.n and vb.reached < vb.n else
+                     "≤ " if va.reached == va.n and vb.reached < vb.n else
+                     "≥ " if va.reached < va.n and vb.reached == vb.n else "")
+            shown = "(both are lower bounds)" if bound == "? " else f"{r:.2f}"
+            lines.append(f"{_fmt_term(a, va)} / {_fmt_term(b, vb)} = {bound}{shown} < {factor:g}"
+                         f"{'; ' + gehan_line if gehan_line else ''}: {word}")
         else:
-            lines.append(f"{_fmt_term(a, va)} {'<' if lower else '>'} {_fmt_term(b, vb)}: {word}")
+            lines.append(f"{_fmt_term(a, va)} {'<' if lower else '>'} {_fmt_term(b, vb)}"
+                         f"{'; ' + gehan_line if gehan_line else ''}: {word}")
     if not done and not unreached:
         return None
     if not done:
@@ -221,7 +289,7 @@ def _check(claim: dict, lookup, scenario: str, metric: Optional[str] = None) -> 
         status = "held"
     return dict(status=status, held=status == "held", separated=status == "held" and separated,
                 against=status == "NOT held" and against, pairs=f"{done - open_}/{total}",
-                numbers="; ".join(lines), metric=metric)
+                numbers="; ".join(lines), metric=metric, basis="ranks" if ranks else "means")
 
 
 def _claim_metric(claim: dict, scenario: str, our_scenario: Optional[str] = None) -> Optional[str]:
@@ -288,7 +356,7 @@ def evaluate_claims(claims: List[dict], agg: Optional[pd.DataFrame], published: 
                 def look(method, at, metric, part, scen=scen, p=p):
                     hit = p[(p["scenario"] == (at or scen)) & (p["method"] == method) & (p["metric"] == metric)
                             & (p["participant"] == part)]
-                    return (hit["value_num"].iloc[0], math.nan, 0, 0) if len(hit) else None  # n = 0: printed
+                    return Side(hit["value_num"].iloc[0], math.nan, 0, 0) if len(hit) else None  # n = 0: printed
 
                 for metric in _metrics(c, p.loc[p["scenario"] == scen, "metric"], scen):
                     r = _check(c, look, scen, metric)
@@ -317,13 +385,17 @@ def evaluate_claims(claims: List[dict], agg: Optional[pd.DataFrame], published: 
                 if not len(hit):
                     return None
                 h = hit.iloc[0]
-                seeds = None
+                seeds, reached = None, None
                 if per_seed is not None and len(per_seed):
                     s = per_seed[(per_seed["scenario"] == want) & (per_seed["public"] == public)
                                  & (per_seed["structure"] == struct) & (per_seed["method"] == method)
                                  & (per_seed["metric"] == metric) & (per_seed["participant"] == part)]
-                    seeds = {int(k): float(v) for k, v in zip(s["seed"], s["value"]) if not pd.isna(v)}
-                return (h["mean"], h["ci"], int(h["n"]), int(h["reached"]), seeds)
+                    s = s[s["value"].notna()]
+                    seeds = {int(k): float(v) for k, v in zip(s["seed"], s["value"])}
+                    flags = s["reached"] if "reached" in s else pd.Series(True, index=s.index)
+                    reached = {int(k): bool(f) for k, f in zip(s["seed"], flags)}
+                res = h["resolution"] if "resolution" in h and not pd.isna(h["resolution"]) else resolution(None)
+                return Side(h["mean"], h["ci"], int(h["n"]), int(h["reached"]), seeds, reached, float(res))
 
             for metric in _metrics(c, g["metric"], target, scen):
                 r = _check(c, look, target, metric)
@@ -331,7 +403,7 @@ def evaluate_claims(claims: List[dict], agg: Optional[pd.DataFrame], published: 
                     rows.append(dict(base, who="ours", scenario=target, our_scenario=scen, public=public,
                                      structure=struct, proxy=target != scen, **r))
     cols = ["id", "paper", "claim", "source", "claim_structure", "who", "scenario", "our_scenario", "public",
-            "structure", "proxy", "metric", "status", "held", "separated", "against", "pairs", "numbers"]
+            "structure", "proxy", "metric", "status", "held", "separated", "against", "pairs", "numbers", "basis"]
     out = pd.DataFrame(rows, columns=cols)
     out["verdict"] = [claim_verdict(r) for _, r in out.iterrows()]  # what the reader sees
     return out.drop_duplicates(subset=["id", "who", "scenario", "our_scenario", "public", "structure", "metric",
@@ -340,64 +412,22 @@ def evaluate_claims(claims: List[dict], agg: Optional[pd.DataFrame], published: 
 
 MEANS_ONLY = "held by the means only: inconclusive"
 NOT_MEANS_ONLY = "NOT held by the means only: inconclusive"
+RANKS_ONLY = "held by the seeds' ranks only: inconclusive"
+NOT_RANKS_ONLY = "NOT held by the seeds' ranks only: inconclusive"
 
 
 def claim_verdict(r: Mapping) -> str:
     """The verdict a reader sees. On our runs "held" and "NOT held" need the same evidence: the 95%
-    intervals apart (each side n ≥ MIN_N, non-zero width; paired claims: the interval of the per-seed
-    differences clear of 0), else the means alone decided and the verdict is inconclusive. The paper's
-    tables have no seeds: their printed numbers are read as they stand."""
+    intervals apart (each side n ≥ MIN_N and a half-width of at least the metric's resolution; a rounds
+    side whose seeds disagree about reaching the target has none; paired claims: the interval of the
+    per-seed differences clear of 0), else the means (or, for rounds with per-seed values, Gehan's
+    censoring-aware ranks) alone decided and the verdict is inconclusive. The paper's tables have no
+    seeds: their printed numbers are read as they stand."""
     if r["who"] != "ours":
         return r["status"]
+    ranks = r.get("basis") == "ranks"
     if r["status"] == "held":
-        return "held (CI-separated)" if r["separated"] else MEANS_ONLY
+        return "held (CI-separated)" if r["separated"] else (RANKS_ONLY if ranks else MEANS_ONLY)
     if r["status"] == "NOT held":
-        return "NOT held (CI-separated)" if r.get("against") else NOT_MEANS_ONLY
+        return "NOT held (CI-separated)" if r.get("against") else (NOT_RANKS_ONLY if ranks else NOT_MEANS_ONLY)
     return r["status"]
-
-
-def table_margin(name: str, table: pd.DataFrame, claims: Sequence[dict],
-                 explicit: Optional[float] = None) -> Tuple[float, str]:
-    """The equivalence margin of one published table and its reason (issue 34 item 3).
-
-    ``report.margin`` in the grid wins (reason: set by the grid). Otherwise half the smallest printed gap
-    that a claim of ``claims.yaml`` reading this table rests on (the pair's printed values, in the claimed
-    direction): agreeing within that margin cannot turn the claim around. A table no claim rests on keeps
-    :data:`DEFAULT_MARGIN`, said to be a convention (no paper prints a seed spread). Units are the table's:
-    percentage points for accuracies, rounds for rounds-to-target tables."""
-    if explicit is not None:
-        return explicit, f"±{explicit:g}, set by the grid (`report.margin`)"
-    best = None
-    p = table[table["participant"] != "delta_base"] if len(table) else table
-    for c in claims:
-        if name not in (c.get("published") or []):
-            continue
-        lower = bool(c.get("lower_is_better", False)) or c.get("kind") == "ratio"
-        scope = set(c.get("scenarios") or [])
-        for scen in sorted(set(p["scenario"])) if len(p) else []:
-            if scope and scen not in scope:
-                continue
-            metric = _claim_metric(c, scen)
-            if metric is None or metric == "rounds_to/*":
-                continue
-            metric = _resolve_metric(metric, scen)
-            part = c.get("participant", "avg")
-
-            def value(term):
-                method, at = _term(term)
-                hit = p[(p["scenario"] == (at or scen)) & (p["method"] == method) & (p["metric"] == metric)
-                        & (p["participant"] == part)]
-                return float(hit["value_num"].iloc[0]) if len(hit) else None
-
-            for a, b in c["compare"]:
-                va, vb = value(a), value(b)
-                if va is None or vb is None:
-                    continue
-                gap = (vb - va) if lower else (va - vb)
-                if gap > 0 and (best is None or gap < best[0]):
-                    best = (gap, f"{c['id']}: {a} {va:g} vs {b} {vb:g} on {scen} ({metric})")
-    if best is None:
-        return DEFAULT_MARGIN, (f"±{DEFAULT_MARGIN:g}, a convention: no claim of params/papers/claims.yaml rests "
-                                "on this table (no paper prints a seed spread to derive one from)")
-    m = round(best[0] / 2, 2)
-    return m, f"±{m:g}, half the smallest printed gap a claim of this table rests on ({best[1]})"

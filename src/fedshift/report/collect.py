@@ -27,6 +27,7 @@ from ..data.store import atomic_write_text
 from ..errors import ConfigError
 from ..provenance import stale
 from . import runs_read
+from .runs_read import rounds_file  # noqa: F401  (fedshift.archive reads it here)
 
 ID_COLUMNS = ["scenario", "public", "method", "base_method", "structure", "seed"]
 
@@ -35,12 +36,25 @@ def _config(run_dir: Path) -> dict:
     return safe_load_yaml((Path(run_dir) / "config.yaml").read_text(), str(Path(run_dir) / "config.yaml"))
 
 
+RECORD = "record.json"  # marks an archived record (fedshift.archive): a run folder without its weights
+
+
+def is_record(folder: Path) -> bool:
+    return (_folder(folder) / RECORD).exists()
+
+
+def code_of(run_dir: Path) -> str:
+    """The code version a run was made with (inputs.json), for the report's provenance list."""
+    from ..provenance import describe_code, read
+
+    rec = read(run_dir)
+    return describe_code((rec or {}).get("code")) if rec else "unrecorded code"
+
+
 def load_run(run_dir: Path) -> pd.DataFrame:
-    run_dir = Path(run_dir)
-    if run_dir.name == "metrics.json":
-        run_dir = run_dir.parent
+    run_dir = _folder(run_dir)
     cfg = _config(run_dir)
-    df = pd.read_csv(run_dir / "rounds.csv")
+    df = pd.read_csv(rounds_file(run_dir))
     for col in ID_COLUMNS:
         df[col] = cfg.get(col)
     df["local_epochs"] = (cfg.get("engine") or {}).get("local_epochs")  # the schedule a proxy section states
@@ -62,7 +76,42 @@ def load_run(run_dir: Path) -> pd.DataFrame:
     chosen_values = (cfg.get("tuned") or {}).get("chosen") or {}
     df["tuned_values"] = values_text(chosen_values)
     df["run_dir"] = str(run_dir)  # the folder read (seed<k>-<identity>: issue 50)
+    # issue 52: where the numbers come from: a committed record (its folder) or a run folder (""), and the code
+    df["record"] = str(run_dir) if is_record(run_dir) else ""
+    df["code"] = code_of(run_dir)
+    for key, value in protocol_columns(cfg).items():  # the paper delta's protocol fingerprint (report/protocols.py)
+        df[key] = value
     return df
+
+
+def run_test_protocol(cfg: dict) -> str:
+    """The run's test protocol: the scenario key ``test_protocol`` its resolved config records (top level or
+    under ``scenario_params``), ``clean`` when absent."""
+    for where in (cfg, cfg.get("scenario_params") or {}):
+        if isinstance(where, dict) and where.get("test_protocol"):
+            return str(where["test_protocol"])
+    return "clean"
+
+
+def protocol_columns(cfg: dict) -> dict:
+    """What the paper delta compares with each published table's protocol, from a run's resolved config
+    and its partition's manifest: ``public_aug`` (engine.public_aug where the run had a public set, ''
+    where it had none), ``test_protocol``, ``image_size`` (the partition's image side) and ``test_sizes``
+    (JSON {participant: test images}: the resolution of the run's accuracies). Image size and test sizes
+    are left empty when the partition's manifest cannot be read."""
+    eng = cfg.get("engine") or {}
+    paths = cfg.get("paths") or {}
+    out = {"public_aug": str(eng.get("public_aug", "")) if paths.get("public") else "",
+           "test_protocol": run_test_protocol(cfg), "image_size": float("nan"), "test_sizes": ""}
+    try:
+        manifest = json.loads((Path(paths["partition"]) / "manifest.json").read_text())
+        out["image_size"] = int(manifest["image_shape"][-1])
+        out["test_sizes"] = json.dumps({name: int(info["splits"]["test"]["n"])
+                                        for name, info in manifest["participants"].items()
+                                        if "test" in info.get("splits", {})}, sort_keys=True)
+    except (KeyError, TypeError, ValueError, OSError):
+        pass
+    return out
 
 
 PRETRAIN_METHOD = "base_pretrain"
@@ -76,9 +125,9 @@ def pretrain_rows(fed_cfgs: Iterable[dict], pretrain_dirs: Iterable[Path]) -> pd
         if d.name in ("metrics.json", "model.pt"):
             d = d.parent
         cfg = _config(d)
-        df = pd.read_csv(d / "rounds.csv")
-        last[(cfg["scenario"], cfg["participant"], cfg["arch"], int(cfg["seed"]))] = (
-            df[df["round"] == df["round"].max()].assign(run_dir=str(d)))
+        df = pd.read_csv(rounds_file(d)).assign(record=str(d) if is_record(d) else "", code=code_of(d), run_dir=str(d))
+        df = df[df["round"] == df["round"].max()].assign(**protocol_columns(cfg))  # pretrain: no public set
+        last[(cfg["scenario"], cfg["participant"], cfg["arch"], int(cfg["seed"]))] = df
     frames, seen = [], set()
     for cfg, final_round in fed_cfgs:
         key = (cfg["scenario"], cfg["public"], cfg["structure"], int(cfg["seed"]))
@@ -105,7 +154,9 @@ def current_runs(run_dirs: Iterable[Path], kind: str = "run") -> list:
     tables). Folders without ``inputs.json`` (published before it existed) are kept."""
     kept, left = [], []
     for d in run_dirs:
-        why = stale(_folder(d))
+        # an archived record in a clone without the data is kept (its data cannot be checked here; the
+        # workflow compared its config and, where built, its data when it planned)
+        why = stale(_folder(d), unbuilt_ok=is_record(d))
         (left if why else kept).append(d if not why else why)
     if left:
         print(f"fedshift: warning: collect skips {len(left)} {kind}(s) whose inputs changed since they ran "
@@ -130,7 +181,8 @@ def collect(run_dirs: Iterable[Path], out: Path, pretrain_dirs: Iterable[Path] =
         frames.append(pretrain_rows(cfgs, pretrain_dirs))
     df = pd.concat(frames, ignore_index=True)
     cols = ID_COLUMNS + ["round", "participant", "arch", "domain", "kind", "top1", "top5", "local_epochs", "data_seed", "protocol",
-                         "select", "selected_round", "tuned", "tuned_values", "run_dir"]
+                         "select", "selected_round", "tuned", "tuned_values", "public_aug", "test_protocol", "image_size",
+                         "test_sizes", "record", "code", "run_dir"]
     df = df.reindex(columns=list(dict.fromkeys(list(df.columns) + cols)))
     df = df[cols].sort_values(["scenario", "public", "structure", "method", "seed", "round", "participant", "domain"])
     atomic_write_text(Path(out), df.to_csv(index=False))

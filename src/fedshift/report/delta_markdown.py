@@ -3,13 +3,13 @@ schedules of a comparison side by side, and what the seeds' intervals cover."""
 
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Mapping, Optional
 
 import pandas as pd
 
 from .frames import participant_archs
 from .published import BASE, BASE_PRETRAIN
-from .stats import DEFAULT_MARGIN, fmt_interval
+from .stats import fmt_interval
 
 
 def _fmt_ours(r) -> str:
@@ -26,26 +26,41 @@ def _fmt_delta(r) -> str:
     return ("≥ " if r["reached"] < r["n"] else "") + f"{r['delta']:+.2f}"
 
 
-def cells_markdown(cells: pd.DataFrame, title: str, margin: float = DEFAULT_MARGIN, schedule: str = "",
-                   margin_reason: str = "", schedule_differs: str = "") -> str:
+def _fmt_margin(r) -> str:
+    if r["proxy"] or pd.isna(r["published"]) or r.get("derived", False):
+        return "–"
+    return "none" if pd.isna(r.get("margin")) else f"±{r['margin']:.2f}"
+
+
+def cells_markdown(cells: pd.DataFrame, title: str, schedule: str = "", margin_reason: str = "",
+                   not_comparable: Optional[Mapping[str, str]] = None) -> str:
     """One section's cells. A proxy section (our stand-in scenario) opens with both schedules and has no
-    verdict column: its numbers and Δ are shown, not judged. A section on the paper's data whose schedule
-    is not the paper's (``schedule_differs``: e.g. 500 of 10,000 rounds) states both schedules and its
-    verdict column says "no verdict"."""
+    verdict column: its numbers and Δ are shown, not judged. A section on the paper's data states how its
+    margins were reached (``margin_reason``) and, where a method's runs differ from the table's protocol
+    (``not_comparable``: {our method: what differs}), what differs; those cells say "not comparable"."""
     proxy = bool(cells["proxy"].any())
+    not_comparable = dict(not_comparable or {})
     head = "| method | participant | metric | n | ours (mean ± 95% CI) | published | Δ |"
     rule = "|---|---|---|---:|---:|---:|---:|"
     lines = [f"### {title}", ""]
     if proxy:
         lines += [schedule, "", "No verdicts here: a stand-in run on another schedule cannot agree or differ "
                   "with the paper; the numbers and Δ are for orientation only.", ""]
-    elif schedule_differs:
-        lines += [schedule, "", f"No verdicts here: {schedule_differs}; a run on another schedule cannot agree or "
-                  "differ with the paper's numbers.", ""]
-    if not proxy:
+    else:
+        if not_comparable:
+            what = sorted(set(not_comparable.values()))
+            if len(what) == 1:
+                lines += [f"**Not comparable** with the paper's protocol (params/papers/protocols.yaml): {what[0]} "
+                          f"(no verdict for {', '.join(not_comparable)}).", ""]
+            else:  # methods that differ alike, named together
+                by_text = {d: [m for m, x in not_comparable.items() if x == d] for d in dict.fromkeys(not_comparable.values())}
+                lines += ["**Not comparable** with the paper's protocol (params/papers/protocols.yaml), no verdict:", ""]
+                lines += [f"- {', '.join(ms)}: {d}" for d, ms in by_text.items()] + [""]
+            if any(d.startswith("rounds") or "; rounds" in d for d in what) and schedule:
+                lines += [schedule, ""]
         if margin_reason:
-            lines += [f"Margin {margin_reason}.", ""]
-        head, rule = head + f" verdict (margin ±{margin:g}) |", rule + "---|"
+            lines += [f"Margin: {margin_reason}.", ""]
+        head, rule = head + " margin | verdict |", rule + "---:|---|"
     lines += [head, rule]
     for _, r in cells.iterrows():
         pub = "–" if pd.isna(r["published"]) else f"{r['published']:.2f}" + (" ⚑" if r["flag"] else "")
@@ -53,7 +68,7 @@ def cells_markdown(cells: pd.DataFrame, title: str, margin: float = DEFAULT_MARG
         row = (f"| {name} | {r['participant']} | {r['metric']} | {r['n']} | {_fmt_ours(r)} | {pub} | "
                f"{_fmt_delta(r)} |")
         if not proxy:
-            row += f" {r['verdict']} |"
+            row += f" {_fmt_margin(r)} | {r['verdict']} |"
         lines.append(row)
     if (cells["ours_method"] == BASE_PRETRAIN).any():
         lines.append("\nThe published `base` (SOLO/BASE) row is matched with our `base_pretrain`; our federated "
@@ -70,15 +85,17 @@ def cells_markdown(cells: pd.DataFrame, title: str, margin: float = DEFAULT_MARG
 
 def summary_markdown(summary: pd.DataFrame) -> str:
     lines = ["| table | scenario (ours) | public / structure | metric | cells | mean \\|Δ\\| | agree / inconclusive / "
-             "differ | ranking τ | same order |", "|---|---|---|---|---:|---:|---|---:|---|"]
+             "differ | not comparable / descriptive only | ranking τ | same order |",
+             "|---|---|---|---|---:|---:|---|---|---:|---|"]
     for _, r in summary.iterrows():
         scen = r["scenario"] + (f" (proxy: {r['our_scenario']})" if r["proxy"] else "")
         tau = "" if pd.isna(r["kendall_tau"]) else f"{r['kendall_tau']:+.2f}"
         same = "" if r["same_order"] is None or pd.isna(r["same_order"]) else ("yes" if r["same_order"] else "no")
         counts = ("no verdicts (proxy)" if r["proxy"] else
                   f"{r['agree']} / {r['inconclusive']} / {r['differ']} (min n={r['min_n']})")
+        other = "" if r["proxy"] else f"{r['not_comparable']} / {r['descriptive']}"
         lines.append(f"| {r['table']} | {scen} | {r['public']} / {r['structure']} | {r['metric']} | {r['cells']} | "
-                     f"{r['mean_abs_delta']:.2f} | {counts} | {tau} | {same} |")
+                     f"{r['mean_abs_delta']:.2f} | {counts} | {other} | {tau} | {same} |")
     return "\n".join(lines) + "\n"
 
 

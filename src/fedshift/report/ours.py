@@ -12,17 +12,23 @@ seeds (:func:`aggregate`).
   give ``global/top1`` and ``rounds_to/<target>`` (first round reaching the target). A seed that never
   reaches the target stays in the mean, censored at its last round + 1 (the mean is then a lower
   bound, without an interval), and every such cell carries ``reached``.
+* Each cell carries its ``resolution`` (:func:`fedshift.report.stats.resolution`): 100 / the number of test
+  images behind it (:func:`fedshift.report.stats.images_behind`, from the run's recorded test sizes; the
+  stated fallback where runs.csv does not record them), one round for a rounds-to-target count. The
+  coarsest over the seeds is kept.
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+import json
+import math
+from typing import Dict, Optional, Sequence
 
 import pandas as pd
 
 from .frames import headline_frame
 from .published import SPECIAL_PARTICIPANTS
-from .stats import mean_ci
+from .stats import ROUND_STEP, images_behind, mean_ci, resolution
 
 
 POOLED = ("wdp", "cdp", "acc")  # FedH2L rows written by the engine (domain "pooled"), when present
@@ -57,6 +63,34 @@ def value_source(runs: pd.DataFrame, last_k: int = 3) -> str:
         text += (" (ACC / WDP / CDP: the evaluation with the best validation ACC, the earliest on ties; the "
                  "paper keeps the model with the maximal ACC)")
     return text
+
+
+def parse_sizes(text) -> Dict[str, Optional[float]]:
+    """runs.csv's ``test_sizes`` (JSON {participant: test images}) as a mapping; {} when absent."""
+    if text is None or (isinstance(text, float) and math.isnan(text)) or text == "":
+        return {}
+    try:
+        return {str(k): (None if v is None else float(v)) for k, v in json.loads(text).items()}
+    except (ValueError, AttributeError):
+        return {}
+
+
+def _with_resolution(long: pd.DataFrame, runs: pd.DataFrame, keys) -> pd.DataFrame:
+    """``resolution`` per row: one round for rounds counts, else 100 / the images behind the cell in that
+    run (the fallback where the run's test sizes are not recorded)."""
+    sizes = {}
+    if "test_sizes" in runs.columns:
+        first = runs.drop_duplicates(keys)
+        sizes = {tuple(k): parse_sizes(t) for k, t in zip(first[keys].itertuples(index=False), first["test_sizes"])}
+
+    def res(row) -> float:
+        if str(row["metric"]).startswith("rounds_to/"):
+            return ROUND_STEP
+        own = sizes.get(tuple(row[k] for k in keys)) or {}
+        return resolution(images_behind(row["metric"], row["participant"], own) if own else None)
+
+    long["resolution"] = [res(r) for _, r in long.iterrows()] if len(long) else []
+    return long
 
 
 def ours_long(runs: pd.DataFrame, last_k: int = 3, targets: Sequence[str] = ()) -> pd.DataFrame:
@@ -98,7 +132,7 @@ def ours_long(runs: pd.DataFrame, last_k: int = 3, targets: Sequence[str] = ()) 
             r["reached"] = r["round"].notna()
             r["value"] = r["round"].where(r["reached"], r["last"] + 1)  # censored: not reached within the run
             out.append(r[keys + ["value", "reached"]].assign(participant="global", metric=f"rounds_to/{t}"))
-    cols = keys + ["participant", "metric", "value", "reached"]
+    cols = keys + ["participant", "metric", "value", "reached", "resolution"]
     if not out:
         return pd.DataFrame(columns=cols)
     long = pd.concat(out, ignore_index=True)
@@ -108,20 +142,25 @@ def ours_long(runs: pd.DataFrame, last_k: int = 3, targets: Sequence[str] = ()) 
     long = pd.concat([long, avg], ignore_index=True)
     acc = ~long["metric"].str.startswith("rounds_to/")
     long.loc[acc, "value"] = long.loc[acc, "value"] * 100  # percent, like the papers; rounds stay counts
-    return long[cols]
+    return _with_resolution(long, runs, keys)[cols]
 
 
 def aggregate(long: pd.DataFrame) -> pd.DataFrame:
     """Mean ± CI over seeds per (scenario, public, structure, method, participant, metric); ``reached``
-    = seeds that reached a rounds-to target (= n elsewhere); a censored mean has no interval."""
+    = seeds that reached a rounds-to target (= n elsewhere); a censored mean has no interval;
+    ``resolution``: the coarsest of the seeds' (the fallback where none is recorded)."""
     keys = ["scenario", "public", "structure", "method", "participant", "metric"]
     rows = []
     if "reached" not in long.columns:
         long = long.assign(reached=True)
+    if "resolution" not in long.columns:
+        long = long.assign(resolution=float("nan"))
     for key, g in long.groupby(keys, sort=False):
         m, h, n = mean_ci(g["value"])
         reached = int(g.loc[g["value"].notna(), "reached"].sum())
         if reached < n:
             h = float("nan")  # a lower bound: no symmetric interval
-        rows.append(dict(zip(keys, key), mean=m, ci=h, n=n, reached=reached))
-    return pd.DataFrame(rows, columns=keys + ["mean", "ci", "n", "reached"])
+        res = g["resolution"].max()
+        rows.append(dict(zip(keys, key), mean=m, ci=h, n=n, reached=reached,
+                         resolution=resolution(None) if pd.isna(res) else float(res)))
+    return pd.DataFrame(rows, columns=keys + ["mean", "ci", "n", "reached", "resolution"])

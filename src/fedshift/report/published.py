@@ -46,9 +46,14 @@ def published_dir(root: Optional[Path] = None) -> Path:
     return here if here.is_dir() else _repo_root() / "params/papers/published"
 
 
+def repo_file(rel: str) -> Path:
+    """``rel`` in the working directory, else in the source checkout."""
+    here = Path(rel)
+    return here if here.is_file() else _repo_root() / rel
+
+
 def claims_path() -> Path:
-    here = Path("params/papers/claims.yaml")
-    return here if here.is_file() else _repo_root() / "params/papers/claims.yaml"
+    return repo_file("params/papers/claims.yaml")
 
 
 def parse_value(text) -> float:
@@ -140,6 +145,17 @@ class PublishedSpec:
         raise ConfigError(f"report.published: entry {entry!r} must be a table name or {{name, structures, scenarios}}")
 
 
+DERIVED = "not printed"  # a row's note starts with it: the project computed it, the paper printed none
+
+
+def is_derived(pub: pd.DataFrame) -> pd.Series:
+    """Rows the paper did not print (their ``note`` starts with "not printed", e.g. fccl_table3.csv's AVG
+    rows, the mean of the four printed cells): shown for orientation, never judged or counted."""
+    if "note" not in pub.columns:
+        return pd.Series(False, index=pub.index)
+    return pub["note"].fillna("").astype(str).str.startswith(DERIVED)
+
+
 def ours_method(methods: Iterable[str], published_method: str) -> str:
     """Our method a published row is matched with: ``base`` -> ``base_pretrain`` where the group has it."""
     return BASE_PRETRAIN if published_method == BASE and BASE_PRETRAIN in set(methods) else published_method
@@ -153,6 +169,5 @@ def published_inconsistencies(published: Dict[str, pd.DataFrame]) -> pd.DataFram
 
 
 def schedules(path: Optional[Path] = None) -> dict:
-    path = Path(path) if path else (Path("params/papers/schedules.yaml") if Path("params/papers/schedules.yaml").is_file()
-                                    else _repo_root() / "params/papers/schedules.yaml")
+    path = Path(path) if path else repo_file("params/papers/schedules.yaml")
     return (yaml.safe_load(path.read_text()) or {}) if path.is_file() else {}

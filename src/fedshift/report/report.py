@@ -32,6 +32,7 @@ from .frames import topk as _topk
 from .h2l import h2l_section  # FedH2L Table II (ACC / WDP / CDP) when the runs wrote pooled rows
 from .html import write_html_views  # report.md and claims.csv shown inline by snakemake --report
 from .palette import method_colours
+from .records import records_section  # issue 52: which numbers come from committed records, and with which code
 from .paper_delta import delta_report  # published tables (report.published) and the papers' claims
 from .rounds import rounds_report
 from . import runs_read
@@ -233,6 +234,7 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
         md.extend(h2l_section(df, report_cfg, tmp, last_k))
         md += rounds_report(full, tmp, report_cfg, last_k)
         md += report_figures(df, tmp, report_cfg, last_k, tables=named)
+        md += records_section(report_cfg, full)
         md += runs_read.section(Path(runs_csv), tmp)  # issue 50: the run folders read, each with its identity
         (tmp / "report.md").write_text("\n".join(md))
         write_html_views(tmp)

@@ -32,6 +32,14 @@ RUNS_READ = "runs_read.csv"
 COLUMNS = ["kind", "run_dir", "identity", "rounds_sha256"]
 
 
+def rounds_file(folder: Path) -> Path:
+    """A run folder's per-round curves: ``rounds.csv``, else ``rounds.csv.gz`` (an archived record's
+    compressed copy, :mod:`fedshift.archive`)."""
+    folder = Path(folder)
+    plain = folder / "rounds.csv"
+    return plain if plain.exists() or not (folder / "rounds.csv.gz").exists() else folder / "rounds.csv.gz"
+
+
 def _folder(d) -> Path:
     d = Path(d)
     return d.parent if d.name in ("metrics.json", "model.pt") else d
@@ -49,7 +57,7 @@ def record(run_dirs: Iterable, pretrain_dirs: Iterable = ()) -> pd.DataFrame:
         for d in dirs:
             folder = _folder(d)
             rows.append({"kind": kind, "run_dir": str(folder), "identity": _identity(folder),
-                         "rounds_sha256": sha256_file(folder / "rounds.csv")})
+                         "rounds_sha256": sha256_file(rounds_file(folder))})
     return pd.DataFrame(rows, columns=COLUMNS)
 
 
@@ -75,14 +83,14 @@ def stale_runs(frame: pd.DataFrame, base: Optional[Path] = None, planned: Option
     lines = []
     for r in frame.itertuples(index=False):
         folder = Path(r.run_dir) if base is None or Path(r.run_dir).is_absolute() else Path(base) / r.run_dir
-        if not (folder / "rounds.csv").exists() or not (folder / "config.yaml").exists():
+        if not rounds_file(folder).exists() or not (folder / "config.yaml").exists():
             lines.append(f"{r.run_dir}: gone (the report read it; rerun the grid)")
             continue
         cfg = safe_load_yaml((folder / "config.yaml").read_text(), str(folder / "config.yaml")) or {}
         if r.identity and run_identity(cfg) != r.identity:
             lines.append(f"{r.run_dir}: settings: its config.yaml now hashes to {run_identity(cfg)}, the report "
                          f"read identity {r.identity}")
-        elif sha256_file(folder / "rounds.csv") != r.rounds_sha256:
+        elif sha256_file(rounds_file(folder)) != r.rounds_sha256:
             lines.append(f"{r.run_dir}: newer run: a newer run of identity {r.identity or '?'} replaced the "
                          "rounds.csv the report read (rerun the report)")
         elif planned is not None and str(r.run_dir).rstrip("/") not in planned:

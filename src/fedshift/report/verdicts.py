@@ -2,24 +2,31 @@
 
 * Verdict per cell (:func:`fedshift.report.stats.verdict`): *agrees within margin* (TOST: the 90%
   interval of Δ inside ±margin, and the 95% half-width no wider), *differs (above / below)* (the 95%
-  interval of Δ wholly beyond the margin), else *inconclusive* (always with n = 1). Proxy cells (a
-  stand-in scenario) get no verdict, and neither does a section whose runs are not on the paper's
-  number of rounds (:func:`schedule_differs`).
+  interval of Δ wholly beyond the margin), else *inconclusive* (always below 3 seeds or with an interval
+  narrower than the metric's resolution); *no margin: descriptive only* where the cell's margin cannot be
+  grounded (``margins``: :func:`fedshift.report.protocols.cell_margin`). Proxy cells (a stand-in scenario)
+  get no verdict; a cell whose run differs from the table's protocol is set to "not comparable: ..." by
+  the caller (:func:`fedshift.report.protocols.differences`); a row the paper did not print (a derived
+  AVG, :func:`fedshift.report.published.is_derived`) gets none and counts nowhere.
 * Our federated ``base`` (no communication, on the federated schedule) stays as an extra, unmatched
   row where ``base_pretrain`` took the published BASE cells (issue 21 item 3).
 * Per table (:func:`summarize`): cells compared, mean |Δ|, the verdict counts, and (not for proxies)
-  whether the methods' ranking on the AVG agrees with the paper's (Kendall τ and "same order").
+  whether the methods' ranking on the AVG agrees with the paper's (Kendall τ and "same order"), over the
+  comparable, printed AVG cells only.
 """
 
 from __future__ import annotations
 
 import math
-from typing import Mapping, Optional, Tuple
+from typing import Callable, Mapping, Optional, Tuple
 
 import pandas as pd
 
-from .published import BASE, BASE_PRETRAIN, SPECIAL_PARTICIPANTS, PublishedSpec, ours_method
-from .stats import DEFAULT_MARGIN, NO_VERDICT, verdict
+from .published import BASE, BASE_PRETRAIN, SPECIAL_PARTICIPANTS, PublishedSpec, is_derived, ours_method
+from .stats import NO_VERDICT, verdict
+
+NOT_COMPARABLE = "not comparable"
+DERIVED_VERDICT = "no verdict (derived: the paper printed no such cell)"
 
 
 def ranking(ours: Mapping[str, float], published: Mapping[str, float]) -> Tuple[float, bool]:
@@ -36,16 +43,23 @@ def ranking(ours: Mapping[str, float], published: Mapping[str, float]) -> Tuple[
     return float(tau), bool(same)
 
 
+Margin = Callable[[Mapping, float], float]  # (published row, our resolution) -> margin (nan: none)
+
+
 def compare(agg: pd.DataFrame, pub: pd.DataFrame, scenario_map: Mapping[str, str] = (),
-            spec: Optional[PublishedSpec] = None, margin: float = DEFAULT_MARGIN) -> pd.DataFrame:
-    """Every published cell that one of our (scenario, public, structure) groups has, judged; our
-    federated ``base`` follows as an extra unmatched row where ``base_pretrain`` took the BASE cells."""
+            spec: Optional[PublishedSpec] = None, margins: Optional[Margin] = None) -> pd.DataFrame:
+    """Every published cell that one of our (scenario, public, structure) groups has, judged against its
+    margin (``margins``; none given: no margin, descriptive only); our federated ``base`` follows as an
+    extra unmatched row where ``base_pretrain`` took the BASE cells."""
     scenario_map = dict(scenario_map or {})
     spec = spec or PublishedSpec(pub["source"].iloc[0] if len(pub) else "")
     rows = []
     cells = pub[pub["participant"] != "delta_base"]
+    cells = cells.assign(derived=is_derived(cells))
     if "reached" not in agg.columns:
         agg = agg.assign(reached=agg["n"])
+    if "resolution" not in agg.columns:
+        agg = agg.assign(resolution=math.nan)
     for (scen, public, struct), ours in agg.groupby(["scenario", "public", "structure"], sort=False):
         if spec.structures and struct not in spec.structures or spec.scenarios and scen not in spec.scenarios:
             continue
@@ -69,14 +83,21 @@ def compare(agg: pd.DataFrame, pub: pd.DataFrame, scenario_map: Mapping[str, str
             o = o.iloc[0] if isinstance(o, pd.DataFrame) else o
             label = r["table"] if r["table"].startswith(("Fig", "text")) else f"Table {r['table']}"
             censored = int(o["reached"]) < int(o["n"])
-            v = NO_VERDICT if proxy else ("inconclusive (censored)" if censored else
-                                          verdict(o["mean"], o["ci"], r["value_num"], int(o["n"]), margin))
+            margin = math.nan if proxy or margins is None else margins(r, o["resolution"])
+            if proxy:
+                v = NO_VERDICT
+            elif r["derived"]:
+                v = DERIVED_VERDICT
+            elif censored:
+                v = "inconclusive (censored: a seed never reached the target, the mean is a lower bound)"
+            else:
+                v = verdict(o["mean"], o["ci"], r["value_num"], int(o["n"]), margin, o["resolution"])
             rows.append(dict(table=f"{r['paper']} {label}", source=r["source"], scenario=target, our_scenario=scen,
                              public=public, structure=struct, method=r["method"], ours_method=method,
                              participant=r["participant"], metric=r["metric"], n=int(o["n"]),
                              reached=int(o["reached"]), ours=o["mean"], ci=o["ci"], published=r["value_num"],
                              delta=o["mean"] - r["value_num"], verdict=v, proxy=proxy, flag=r["flag"],
-                             note=r["note"]))
+                             note=r["note"], margin=margin, resolution=o["resolution"], derived=bool(r["derived"])))
         if label is not None and BASE_PRETRAIN in methods and BASE in methods:
             matched = {(r["participant"], r["metric"]) for r in rows if r["ours_method"] == BASE_PRETRAIN
                        and r["our_scenario"] == scen and r["public"] == public and r["structure"] == struct}
@@ -90,24 +111,30 @@ def compare(agg: pd.DataFrame, pub: pd.DataFrame, scenario_map: Mapping[str, str
                                  ours_method=BASE, participant=part, metric=metric, n=int(o["n"]),
                                  reached=int(o["reached"]), ours=o["mean"], ci=o["ci"], published=math.nan,
                                  delta=math.nan, verdict="extra: not matched (published BASE = base_pretrain)",
-                                 proxy=proxy, flag="", note=""))
+                                 proxy=proxy, flag="", note="", margin=math.nan, resolution=o["resolution"],
+                                 derived=False))
     cols = ["table", "source", "scenario", "our_scenario", "public", "structure", "method", "ours_method",
             "participant", "metric", "n", "reached", "ours", "ci", "published", "delta", "verdict", "proxy", "flag",
-            "note"]
+            "note", "margin", "resolution", "derived"]
     return pd.DataFrame(rows, columns=cols)
 
 
-VERDICT_COUNTS = (("agree", "agrees within margin"), ("inconclusive", "inconclusive"), ("differ", "differs"))
+VERDICT_COUNTS = (("agree", "agrees within margin"), ("inconclusive", "inconclusive"), ("differ", "differs"),
+                  ("not_comparable", NOT_COMPARABLE), ("descriptive", "no margin"))
 
 
 def summarize(cells: pd.DataFrame) -> pd.DataFrame:
     """Per (table, our scenario, public, structure, metric): cells, mean |Δ|, verdict counts, ranking on
-    AVG (none for proxies: their schedules differ, an order between two stand-in runs is no verdict)."""
+    AVG (none for proxies: their schedules differ, an order between two stand-in runs is no verdict). A
+    derived row (not printed by the paper) counts nowhere; the ranking reads the comparable AVG cells only
+    (none where every one is not comparable)."""
     rows = []
     keys = ["table", "scenario", "our_scenario", "public", "structure", "metric"]
     cells = cells[cells["published"].notna()]  # extra rows (our federated base) are not comparisons
+    if "derived" in cells.columns:
+        cells = cells[~cells["derived"].fillna(False).astype(bool)]
     for key, g in cells.groupby(keys, sort=False):
-        avg = g[g["participant"].isin(["avg", "global"])]
+        avg = g[g["participant"].isin(["avg", "global"]) & ~g["verdict"].str.startswith(NOT_COMPARABLE)]
         proxy = bool(g["proxy"].any())
         tau, same = ranking(dict(zip(avg["method"], avg["ours"])), dict(zip(avg["method"], avg["published"])))
         counts = {name: int(g["verdict"].str.startswith(word).sum()) for name, word in VERDICT_COUNTS}
@@ -115,27 +142,7 @@ def summarize(cells: pd.DataFrame) -> pd.DataFrame:
                          min_n=int(g["n"].min()), methods=avg["method"].nunique(),
                          kendall_tau=math.nan if proxy else tau,
                          same_order=None if proxy or avg["method"].nunique() < 2 else same, proxy=proxy))
-    return pd.DataFrame(rows, columns=keys + ["cells", "mean_abs_delta", "agree", "inconclusive", "differ", "min_n",
-                                              "methods", "kendall_tau", "same_order", "proxy"])
+    return pd.DataFrame(rows, columns=keys + ["cells", "mean_abs_delta", "agree", "inconclusive", "differ",
+                                              "not_comparable", "descriptive", "min_n", "methods", "kendall_tau",
+                                              "same_order", "proxy"])
 
-
-def schedule_differs(runs: pd.DataFrame, source: str, paper: str, our_scenario: str, public: str, structure: str,
-                     schedules: Mapping) -> str:
-    """'' when our runs of the group ran the paper's number of rounds (or the paper states none as a
-    number), else why not ("ours ran 500 of the paper's 10,000 rounds")."""
-    theirs = schedules.get(source) or schedules.get(f"default_{paper}") or {}
-    per_method = dict(theirs.get("rounds_by_method") or {})
-    g = runs[(runs["scenario"] == our_scenario) & (runs["public"] == public) & (runs["structure"] == structure)
-             & (runs["method"] != BASE_PRETRAIN)]
-    if not len(g):
-        return ""
-    ran = g.groupby(["method", "seed"])["round"].max().groupby(level="method").min()
-    for method, ours in ran.items():
-        names = [method] + (list(g.loc[g["method"] == method, "base_method"].iloc[:1]) if "base_method" in g else [])
-        key = next((k for k in names if k in per_method), None)  # a variant falls back on its base method's entry
-        want = per_method[key] if key is not None else theirs.get("rounds")
-        if isinstance(want, bool) or not isinstance(want, int):
-            continue  # the paper states no number for this row
-        if int(ours) != want:
-            return f"ours ran {int(ours):,} of the paper's {want:,} rounds ({method})"
-    return ""

@@ -1,0 +1,344 @@
+"""The docs' measured tables, rendered from the committed archive (issue 52): no measured number is typed
+into the docs by hand.
+
+A Markdown file holds a block per table between two marker comments::
+
+    <!-- generated: table params/papers/fedh2l_table2.yaml params/papers/fedh2l_table2_seedlocal.yaml -->
+    ... (written by `fedshift docs-tables`) ...
+    <!-- end generated -->
+
+The first word is the block's kind (:data:`KINDS`), then the grid files it reads (each planned as
+``snakemake --configfile <grid>`` plans it) and ``key=value`` options. Every block reads only the
+grids' **current** records (:func:`fedshift.archive.grid_status`: same settings as the grid asks now,
+same data where built) and names the runs it lacks and the stale records it left out, with the command
+that produces them. Kinds:
+
+* ``table``: per (scenario, method) the headline metrics, mean ± 95 % CI half-width over seeds (Student
+  t; n in its column; the mean alone at n = 1), the published value in brackets where the grid's
+  ``report.published`` tables hold it, and the code version(s) of the records;
+* ``claims``: the papers' conclusions (``params/papers/claims.yaml``, option ``ids=a,b``) on those records,
+  through :func:`fedshift.report.claims.evaluate_claims`: **held**, **not held** or **inconclusive** with the
+  numbers, and what the intervals cover;
+* ``tuned``: the tuned values (every candidate's validation score) from the archived selections.
+
+``fedshift docs-tables`` rewrites the blocks; ``--check`` (and tests/test_docs_tables.py) re-renders them
+and fails where a block's text differs from its rendering.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from pathlib import Path
+from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import pandas as pd
+
+from ..errors import ConfigError
+from . import RECORDS, grid_name, grid_status
+
+BLOCK = re.compile(r"(<!-- generated: (?P<head>[^\n]*?) -->\n)(?P<body>.*?)(<!-- end generated -->)", re.S)
+DOC_FILES = ("README.md", "docs/*.md")
+
+
+# ----------------------------------------------------------------------------- one grid's records
+@dataclasses.dataclass
+class GridRecords:
+    grid: str  # the grid file
+    name: str  # its report name (records/<name>/)
+    report: dict  # its report block
+    runs: pd.DataFrame  # collect's frame of its current records (empty when none)
+    planned: List[Tuple[str, str, str, int]]  # (scenario, method, structure, seed) of every federated run
+    missing: List[Tuple[str, str, str, int]]  # of those, the ones without a current record
+    stale: List[str]  # one line per stale record
+    chosen: List[Path]  # current archived tuning selections
+
+
+def grid_records(grid: str, root: Path = RECORDS) -> GridRecords:
+    """The current records of grid file ``grid`` and what it still lacks."""
+    from ..experiments import load_experiments, snakemake_config
+    from ..report.collect import load_run
+    from ..tune import plan_tune
+    from . import tune_record_path
+
+    if not Path(grid).is_file():
+        raise ConfigError(f"generated block: grid file {grid} not found")
+    exp = snakemake_config([Path(grid)])
+    plan = load_experiments({k: v for k, v in exp.items() if k not in ("data_params", "gpus_per_job", "threads_per_job")},
+                            Path(exp.get("data_params") or "params/data.yaml"))
+    tune = plan_tune(exp, plan)
+    status = grid_status(plan, tune, root)
+    current = status.current("federate")
+    frames = [load_run(s.path) for s in current.values()]
+    pretrain = [s.path for s in status.current("pretrain").values()]
+    if frames and pretrain:  # the papers' SOLO/BASE row (base_pretrain), as collect adds it
+        from . import read_config
+        from ..report.collect import pretrain_rows
+
+        frames.append(pretrain_rows([(read_config(s.path), int(f["round"].max())) for s, f in zip(current.values(), frames)],
+                                    pretrain))
+    runs = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    planned = [(j.scenario, j.method, j.structure, j.seed) for j in plan.federate]
+    missing = [(j.scenario, j.method, j.structure, j.seed) for j in plan.federate if j not in current]
+    name = plan.report.get("name")
+    chosen = [tune_record_path(g, name, root) for g, state in sorted(status.tune.items()) if state == "current"]
+    return GridRecords(grid, grid_name(name), dict(plan.report), runs, planned, missing,
+                       [s.line() for s in status.stale()], chosen)
+
+
+def _seeds(seeds: Sequence[int]) -> str:
+    s = sorted(set(int(x) for x in seeds))
+    return ("seed " if len(s) == 1 else "seeds ") + ", ".join(str(x) for x in s)
+
+
+def lacking(recs: Sequence[GridRecords]) -> List[str]:
+    """Lines naming the runs without a current record and the stale records, with how to produce them."""
+    md = []
+    for r in recs:
+        if r.missing:
+            by: Dict[str, Dict[str, List[int]]] = {}
+            for scen, method, _, seed in r.missing:
+                by.setdefault(method, {}).setdefault(scen, []).append(seed)
+            parts = []
+            for m, scens in by.items():
+                groups: Dict[str, List[str]] = {}  # the same seeds missing on several scenarios: said once
+                for s, seeds in scens.items():
+                    groups.setdefault(_seeds(seeds), []).append(s)
+                parts += [f"{m} on {', '.join(ss)} ({sd})" for sd, ss in groups.items()]
+            md.append(f"No committed record yet for {len(r.missing)} of the {len(r.planned)} runs of `{r.grid}`: "
+                      + "; ".join(parts) + f". They come from `snakemake --cores all --configfile {r.grid}` "
+                      f"(in pieces: docs/fedh2l.md, \"Running the grid in pieces\"), then `fedshift archive {r.grid}` "
+                      f"and a commit of `records/{r.name}/`.")
+        if r.stale:
+            md.append(f"Stale records of `{r.grid}`, left out: " + "; ".join(r.stale) + ".")
+    return md
+
+
+def _code(runs: pd.DataFrame) -> str:
+    codes = sorted(set(runs["code"].dropna().astype(str))) if "code" in runs.columns else []
+    return "; ".join(re.sub(r"^code (\w+) \(commit (\w+)(, dirty)?\)$", lambda m: m.group(2) + (" (dirty)" if m.group(3)
+                                                                                               else ""), c)
+                     for c in codes) or "unrecorded"
+
+
+# ----------------------------------------------------------------------------- kind: table
+def _published(recs: Sequence[GridRecords]) -> Optional[pd.DataFrame]:
+    from ..report.frames import published_method_names, rename_published
+    from ..report.published import load_published
+
+    frames = []
+    for r in recs:
+        for entry in r.report.get("published") or []:
+            name = entry if isinstance(entry, str) else entry["name"]
+            frames.append(rename_published(load_published(name), published_method_names(r.report)))
+    return pd.concat(frames, ignore_index=True) if frames else None
+
+
+def _metrics(long: pd.DataFrame, pooled: bool) -> List[Tuple[str, str]]:
+    """(metric key, column title) of the headline metrics the records carry, in the papers' order: FedH2L's
+    ACC / WDP / CDP where the runs wrote them (``pooled``), else AVG inter / intra, and the global model's."""
+    have = set(long["metric"]) if len(long) else set()
+    if pooled and {"acc", "wdp", "cdp"} <= have:
+        return [("acc", "ACC"), ("wdp", "WDP"), ("cdp", "CDP")]
+    out = []
+    for kind, title in (("inter", "AVG inter"), ("intra", "AVG intra")):
+        for k in ("top1", "top5"):
+            if f"{kind}/{k}" in have:
+                out.append((f"{kind}/{k}", f"{title} {k}"))
+                break
+    if "global/top1" in have:
+        out.append(("global/top1", "global top1"))
+    return out
+
+
+def render_table(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[str]:
+    from ..report.frames import topk
+    from ..report.ours import aggregate, ours_long
+    from ..report.stats import fmt_interval
+
+    frames = [r.runs.assign(_grid=r.grid) for r in recs if len(r.runs)]
+    md: List[str] = []
+    if frames:
+        runs = pd.concat(frames, ignore_index=True)
+        long = ours_long(runs)
+        scen_k = {s: topk(s) for s in runs["scenario"].unique()}
+        long = long[~long["metric"].str.match(r"(inter|intra)/top\d") | long.apply(
+            lambda r: r["metric"].endswith(scen_k.get(r["scenario"], "top1")), axis=1)]
+        agg = aggregate(long)
+        agg = agg[agg["participant"] == "avg"]
+        metrics = _metrics(agg, bool(runs["kind"].isin(["acc", "wdp", "cdp"]).any()))
+        pub = _published(recs)
+        order = list(dict.fromkeys(m for r in recs for _, m, _, _ in r.planned))
+        md += ["| scenario | method | " + " | ".join(t for _, t in metrics) + " | n | code |",
+               "|---|---|" + "---:|" * len(metrics) + "---:|---|"]
+        keys = agg[["scenario", "method", "structure"]].drop_duplicates()
+        keys = keys.assign(_o=keys["method"].map(lambda m: order.index(m) if m in order else len(order)))
+        for scen, method, struct, _ in keys.sort_values(["scenario", "_o", "structure"]).itertuples(index=False):
+            cells, n = [], 0
+            for metric, _ in metrics:
+                hit = agg[(agg["scenario"] == scen) & (agg["method"] == method) & (agg["structure"] == struct)
+                          & (agg["metric"] == metric)]
+                if not len(hit):
+                    cells.append("–")
+                    continue
+                h = hit.iloc[0]
+                n = max(n, int(h["n"]))
+                cell = fmt_interval(h["mean"], h["ci"], int(h["n"]))
+                if pub is not None:
+                    p = pub[(pub["scenario"] == scen) & (pub["method"] == method) & (pub["participant"] == "avg")
+                            & (pub["metric"] == metric)]
+                    if len(p):
+                        cell += f" ({float(p['value_num'].iloc[0]):.2f})"
+                cells.append(cell)
+            sub = runs[(runs["scenario"] == scen) & (runs["method"] == method) & (runs["structure"] == struct)]
+            md.append(f"| {scen} | {method} | " + " | ".join(cells) + f" | {n} | {_code(sub)} |")
+        md += ["", "Mean over seeds ± the 95 % confidence half-width (Student t, n − 1 degrees of freedom; the mean "
+               "alone at n = 1), percent, average over the participants" + (", paper in brackets" if pub is not None
+                                                                              else "") + "; code: the commit each "
+               "record's run was made with."]
+    else:
+        md.append("No committed record backs this table yet.")
+    return md + [""] + _with_blank(lacking(recs))
+
+
+def _with_blank(lines: List[str]) -> List[str]:
+    out: List[str] = []
+    for line in lines:
+        out += [line, ""]
+    return out
+
+
+# ----------------------------------------------------------------------------- kind: claims
+VERDICT_WORD = (("held (CI-separated)", "held"), ("NOT held (CI-separated)", "not held"),
+                ("held by the means only", "inconclusive (the means hold it; the intervals do not separate it)"),
+                ("NOT held by the means only", "inconclusive (the means do not hold it; the intervals do not "
+                                               "separate it)"))
+
+
+def word(verdict: str) -> str:
+    """held / not held / inconclusive / not evaluable yet, from the report's verdict line."""
+    for prefix, w in sorted(VERDICT_WORD, key=lambda x: -len(x[0])):
+        if verdict.startswith(prefix):
+            return w
+    if verdict.startswith("partly evaluable"):
+        return "not evaluable yet (" + verdict.split(": ", 1)[-1] + " comparisons have records)"
+    return verdict
+
+
+def render_claims(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[str]:
+    from ..report.claims import claim_verdict, evaluate_claims, group_kinds, load_claims
+    from ..report.delta_markdown import interval_coverage
+    from ..report.frames import published_method_names
+    from ..report.ours import aggregate, ours_long
+
+    ids = [i for i in opts.get("ids", "").split(",") if i]
+    claims = [c for c in load_claims() if not ids or c["id"] in ids]
+    claims.sort(key=lambda c: ids.index(c["id"]) if c["id"] in ids else 0)  # the block's order: (2), (3), (4)
+    unknown = sorted(set(ids) - {c["id"] for c in claims})
+    if unknown:
+        raise ConfigError(f"generated claims block: unknown claim id(s) {unknown}; see params/papers/claims.yaml")
+    md: List[str] = []
+    for c in claims:
+        md.append(f"* **{c['id']}**: {c['text']} ({c.get('source', '')})")
+        for r in recs:
+            if not len(r.runs):
+                md.append(f"  * `{r.grid}`: not evaluable yet: no committed record")
+                continue
+            long = ours_long(r.runs)
+            v = evaluate_claims([c], aggregate(long), {}, kinds=group_kinds(r.runs), per_seed=long,
+                                method_names=published_method_names(r.report))
+            v = v[v["who"] == "ours"]
+            if not len(v):
+                md.append(f"  * `{r.grid}`: not evaluable yet: no record of the methods it compares")
+                continue
+            for row in v.to_dict("records"):
+                verdict = claim_verdict(row)
+                md.append(f"  * `{r.grid}`, {row['scenario']}: **{word(verdict)}** — {row['numbers']}")
+    covered = [interval_coverage(r.runs) for r in recs if len(r.runs)]
+    if covered:
+        md += ["", "What the intervals cover: " + " ".join(dict.fromkeys(covered)) + " Verdicts as the report's "
+               "claims section gives them: held / not held only with the 95 % intervals apart (n ≥ 3 per side; "
+               "per-seed differences for a claim marked `paired: seeds`), else inconclusive."]
+    return md + [""]
+
+
+# ----------------------------------------------------------------------------- kind: tuned
+def render_tuned(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[str]:
+    from ..tune import table_rows
+
+    md: List[str] = []
+    for r in recs:
+        rows = table_rows(r.chosen) if r.chosen else []
+        if not rows:
+            md += [f"No committed tuning record of `{r.grid}` yet: `snakemake --cores all --configfile {r.grid}`, "
+                   f"then `fedshift archive {r.grid}`.", ""]
+            continue
+        md += [f"Tuned on validation (`{r.grid}`; metric {rows[0]['metric']}, {rows[0]['rounds']} rounds, tuning "
+               f"seeds {rows[0]['seeds']}, patience {rows[0]['patience']}):", "",
+               "| scenario | method | parameter | candidates | chosen | val score (%) | diverged | all candidates (val %) |",
+               "|---|---|---|---|---|---:|---|---|"]
+        for x in rows:
+            md.append(f"| {x['scenario']} | {x['method']} | {x['parameter']} | {x['candidates']} | {x['chosen']} | "
+                      f"{x['val_score']:.2f} | {x['diverged']} of {x['n_candidates']} | {x['scores']} |")
+        md.append("")
+    return md
+
+
+KINDS: Dict[str, Callable[[Sequence[GridRecords], Mapping[str, str]], List[str]]] = {
+    "table": render_table, "claims": render_claims, "tuned": render_tuned}
+
+
+# ----------------------------------------------------------------------------- blocks in files
+def parse_head(head: str, where: str) -> Tuple[str, List[str], Dict[str, str]]:
+    words = head.split()
+    if not words or words[0] not in KINDS:
+        raise ConfigError(f"{where}: generated block {head!r}: the first word must be one of {', '.join(KINDS)}")
+    grids = [w for w in words[1:] if "=" not in w]
+    opts = dict(w.split("=", 1) for w in words[1:] if "=" in w)
+    if not grids:
+        raise ConfigError(f"{where}: generated block {head!r} names no grid file")
+    return words[0], grids, opts
+
+
+def render_file(text: str, where: str, root: Path = RECORDS,
+                cache: Optional[Dict[str, GridRecords]] = None) -> str:
+    """``text`` with every generated block re-rendered from the records."""
+    cache = {} if cache is None else cache
+
+    def one(m: "re.Match") -> str:
+        kind, grids, opts = parse_head(m.group("head"), where)
+        recs = [cache.setdefault(g, grid_records(g, root)) for g in grids]
+        body = "\n".join(KINDS[kind](recs, opts)).rstrip("\n") + "\n"
+        return m.group(1) + body + m.group(4)
+
+    return BLOCK.sub(one, text)
+
+
+def doc_files(root: Path = Path(".")) -> List[Path]:
+    out: List[Path] = []
+    for pattern in DOC_FILES:
+        out += sorted(Path(root).glob(pattern))
+    return out
+
+
+def check_or_write(files: Sequence[Path], root: Path = RECORDS, write: bool = True) -> List[str]:
+    """Re-render each file's blocks; write the changed files (``write``) and return one line per block whose
+    text differed from its rendering."""
+    from ..data.store import atomic_write_text
+
+    cache: Dict[str, GridRecords] = {}
+    changed = []
+    for f in files:
+        text = Path(f).read_text()
+        if "<!-- generated:" not in text:
+            continue
+        new = render_file(text, str(f), root, cache)
+        if new == text:
+            continue
+        old_blocks = {m.group("head"): m.group("body") for m in BLOCK.finditer(text)}
+        for m in BLOCK.finditer(new):
+            if old_blocks.get(m.group("head")) != m.group("body"):
+                changed.append(f"{f}: block `{m.group('head')}` differs from its records")
+        if write:
+            atomic_write_text(Path(f), new)
+    return changed
