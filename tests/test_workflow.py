@@ -275,6 +275,60 @@ def test_lint_is_clean():
     assert "Congratulations, your workflow is in a good condition!" in res.stdout + res.stderr
 
 
+def job_counts(dry_run: str) -> dict:
+    """The first "Job stats" table of a Snakemake dry run: rule -> count."""
+    lines = dry_run[dry_run.index("Job stats:"):].splitlines()[3:]
+    rows = [line.split() for line in lines[:lines.index("")]] if "" in lines else []
+    return {r[0]: int(r[1]) for r in rows if len(r) == 2}
+
+
+def test_archive_then_report_from_records_without_training(ran, tmp_path):
+    """Issue 52: `fedshift archive` copies the finished runs' records (no weights) into records/<grid>/;
+    with results/ gone, Snakemake plans no training job, collect reads the records and the report lists
+    them with their code; a changed setting makes one record stale: listed with the key, run again,
+    left out of collect."""
+    import shutil
+
+    root, _, _ = ran
+    clone = tmp_path / "clone"
+    shutil.copytree(root, clone, symlinks=True)
+    before = pd.read_csv(clone / "results/collect/runs.csv")
+    out = run("FEDSHIFT_TRACKING=none fedshift archive", clone)
+    assert out.stdout.count("archived federate/") == 4 and out.stdout.count("archived pretrain/") == 4, out.stdout
+    fedavg = clone / "records/main/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed0"
+    assert sorted(p.name for p in fedavg.iterdir()) == ["config.yaml", "inputs.json", "metrics.json", "record.json",
+                                                         "rounds.csv"]  # no models.pt
+    again = run("FEDSHIFT_TRACKING=none fedshift archive", clone).stderr
+    assert "0 record(s) written, 8 unchanged" in again
+    shutil.rmtree(clone / "results")
+    dry = run("FEDSHIFT_TRACKING=none snakemake -n --cores 1", clone).stdout
+    assert job_counts(dry) == {"collect": 1, "report": 1, "all": 1, "total": 3}, dry
+    run("FEDSHIFT_TRACKING=none snakemake --cores 1", clone)
+    after = pd.read_csv(clone / "results/collect/runs.csv")
+    assert (after["record"].fillna("") != "").all()
+    key = ["method", "seed", "round", "participant", "domain", "kind"]
+    pd.testing.assert_series_equal(before.sort_values(key)["top1"].reset_index(drop=True),
+                                   after.sort_values(key)["top1"].reset_index(drop=True))
+    md = (clone / "results/report/report.md").read_text()
+    assert "4 of 4 federated runs were read from committed records" in md
+    assert "records/main/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed0" in md
+    # another setting for one method: its record is stale (named with the key), it is planned again and
+    # collect reads the new run folder, not the record
+    grid = yaml.safe_load((clone / "params/experiments.yaml").read_text())
+    grid["methods"]["fedmd"] = {"digest_epochs": 2}
+    (clone / "params/experiments.yaml").write_text(yaml.safe_dump(grid))
+    dry = run("FEDSHIFT_TRACKING=none snakemake -n -p --cores 1", clone)
+    assert ("records/main/federate/rotmnist/photo_patches/fedmd/homo_lenet/seed0: stale "
+            "(method_params.digest_epochs 1 archived, 2 now)") in dry.stderr
+    assert job_counts(dry.stdout) == {"federate": 1, "collect": 1, "report": 1, "all": 1, "total": 4}, dry.stdout
+    collect_cmd = next(line for line in dry.stdout.splitlines() if "fedshift collect " in line)
+    assert "results/federate/rotmnist/photo_patches/fedmd/homo_lenet/seed0" in collect_cmd
+    assert "records/main/federate/rotmnist/photo_patches/fedmd/" not in collect_cmd
+    assert "records/main/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed0" in collect_cmd
+    status = json.loads((clone / "results/configs/archive-main.json").read_text())
+    assert [r["run"] for r in status["records"] if r["state"] == "stale"] == ["rotmnist/photo_patches/fedmd/homo_lenet/seed0"]
+
+
 def test_kill9_then_data_change_then_rerun_starts_afresh(ran):
     """Issue 23 cases 1 and 8 through the real tools: `kill -9` of Snakemake stops its job (the
     rule execs it with --die-with-parent; checkpoint kept, nothing published); the scenario's
@@ -389,57 +443,3 @@ def test_dvc_builds_only_what_the_grid_reads(project):
     targets = line.split(" -- ", 1)[1].split()
     assert "error" not in res.stdout + res.stderr  # the printed command holds no error text (issue 50)
     assert sorted(targets) == sorted([f"partition@{s}" for s in scenarios] + [f"public@{p}" for p in publics]), line
-
-
-def job_counts(dry_run: str) -> dict:
-    """The first "Job stats" table of a Snakemake dry run: rule -> count."""
-    lines = dry_run[dry_run.index("Job stats:"):].splitlines()[3:]
-    rows = [line.split() for line in lines[:lines.index("")]] if "" in lines else []
-    return {r[0]: int(r[1]) for r in rows if len(r) == 2}
-
-
-def test_archive_then_report_from_records_without_training(ran, tmp_path):
-    """Issue 52: `fedshift archive` copies the finished runs' records (no weights) into records/<grid>/;
-    with results/ gone, Snakemake plans no training job, collect reads the records and the report lists
-    them with their code; a changed setting makes one record stale: listed with the key, run again,
-    left out of collect."""
-    import shutil
-
-    root, _, _ = ran
-    clone = tmp_path / "clone"
-    shutil.copytree(root, clone, symlinks=True)
-    before = pd.read_csv(clone / "results/collect/runs.csv")
-    out = run("FEDSHIFT_TRACKING=none fedshift archive", clone)
-    assert out.stdout.count("archived federate/") == 4 and out.stdout.count("archived pretrain/") == 4, out.stdout
-    fedavg = clone / "records/main/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed0"
-    assert sorted(p.name for p in fedavg.iterdir()) == ["config.yaml", "inputs.json", "metrics.json", "record.json",
-                                                         "rounds.csv"]  # no models.pt
-    again = run("FEDSHIFT_TRACKING=none fedshift archive", clone).stderr
-    assert "0 record(s) written, 8 unchanged" in again
-    shutil.rmtree(clone / "results")
-    dry = run("FEDSHIFT_TRACKING=none snakemake -n --cores 1", clone).stdout
-    assert job_counts(dry) == {"collect": 1, "report": 1, "all": 1, "total": 3}, dry
-    run("FEDSHIFT_TRACKING=none snakemake --cores 1", clone)
-    after = pd.read_csv(clone / "results/collect/runs.csv")
-    assert (after["record"].fillna("") != "").all()
-    key = ["method", "seed", "round", "participant", "domain", "kind"]
-    pd.testing.assert_series_equal(before.sort_values(key)["top1"].reset_index(drop=True),
-                                   after.sort_values(key)["top1"].reset_index(drop=True))
-    md = (clone / "results/report/report.md").read_text()
-    assert "4 of 4 federated runs were read from committed records" in md
-    assert "records/main/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed0" in md
-    # another setting for one method: its record is stale (named with the key), it is planned again and
-    # collect reads the new run folder, not the record
-    grid = yaml.safe_load((clone / "params/experiments.yaml").read_text())
-    grid["methods"]["fedmd"] = {"digest_epochs": 2}
-    (clone / "params/experiments.yaml").write_text(yaml.safe_dump(grid))
-    dry = run("FEDSHIFT_TRACKING=none snakemake -n -p --cores 1", clone)
-    assert ("records/main/federate/rotmnist/photo_patches/fedmd/homo_lenet/seed0: stale "
-            "(method_params.digest_epochs 1 archived, 2 now)") in dry.stderr
-    assert job_counts(dry.stdout) == {"federate": 1, "collect": 1, "report": 1, "all": 1, "total": 4}, dry.stdout
-    collect_cmd = next(line for line in dry.stdout.splitlines() if "fedshift collect " in line)
-    assert "results/federate/rotmnist/photo_patches/fedmd/homo_lenet/seed0" in collect_cmd
-    assert "records/main/federate/rotmnist/photo_patches/fedmd/" not in collect_cmd
-    assert "records/main/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed0" in collect_cmd
-    status = json.loads((clone / "results/configs/archive-main.json").read_text())
-    assert [r["run"] for r in status["records"] if r["state"] == "stale"] == ["rotmnist/photo_patches/fedmd/homo_lenet/seed0"]

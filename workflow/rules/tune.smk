@@ -1,7 +1,8 @@
 # Tune, then run (issue 36, docs/tuning.md): a grid's `tune:` block fans every candidate of every
 # tuned (scenario, public, method, structure) out as an ordinary federated job on the validation
 # holdout (checkpointed and resumable like `federate`, one SLURM job each), `tune_select` keeps the
-# best candidate by validation score, and the group's seeded runs take chosen.yaml as an input.
+# best candidate by validation score (chosen-<group id>.yaml: another search, another file), and the
+# group's seeded runs take it as an input.
 # threads/mem_mb/runtime/gpu: as the federate rule's (common.smk), read off the candidate's config.
 # The helper functions and TUNE_CONFIGS / TUNED_TABLE are in common.smk (the linter's layout).
 
