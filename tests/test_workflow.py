@@ -157,15 +157,22 @@ def test_every_run_folder_records_the_current_manifests(ran):
         assert run.data.tags["git.commit"] == code["commit"] + ("-dirty" if code["dirty"] else "")
 
 
-def test_html_report_carries_report_md_claims_and_says_what_the_pm_is(ran):
-    """`snakemake --report` bundles report.md and the claims as their own items; its captions say the
-    ± is a 95% CI (not a standard deviation)."""
+def test_html_report_carries_report_md_with_its_figures_and_says_what_the_pm_is(ran):
+    """`snakemake --report` bundles report.md as its own item and report.html inline, the figures inside it
+    (issue 50: a data-URI page cannot reach the PNGs beside it); its captions say the ± is a 95% CI (not a
+    standard deviation). The tiny grid names no published table: no paper delta, no papers' claims."""
+    import base64
+    import re
+
     root, _, _ = ran
     run("snakemake --report report.html", root)
     html = (root / "report.html").read_text(errors="replace")
-    assert "report.md" in html and "claims.csv" in html
-    for name in ("report.html", "claims.html"):  # shown inline (eye icon), not offered as a download
-        assert f"filename={name};base64," in html and f"data:text/html;charset=" in html, name
+    assert "report.md" in html and "tables.tex" in html
+    inner = re.search(r"filename=report\.html;base64,([A-Za-z0-9+/=]+)", html)  # shown inline (eye icon)
+    assert inner and "data:text/html;charset=" in html
+    page = base64.b64decode(inner.group(1)).decode()
+    assert page.count('<img src="data:image/png;base64,') >= 3 and "<h3>Inter-domain top1:" in page
+    assert "Paper delta" not in page and "filename=claims.html" not in html  # no paper delta, no papers' claims
     assert "95% confidence half-width" in html and "± the standard deviation" not in html
 
 
@@ -174,7 +181,8 @@ def test_user_grid_reports_only_its_own_report_block(ran):
     own = dict(TINY_GRID, report={"name": "mine"})
     (root / "user.yaml").write_text(yaml.safe_dump(own))
     run("snakemake -n --cores 1 --configfile user.yaml", root)
-    assert yaml.safe_load((root / "results/configs/report-mine.yaml").read_text()) == {"name": "mine"}  # no title
+    mine = yaml.safe_load((root / "results/configs/report-mine.yaml").read_text())
+    assert mine == {"name": "mine", "method_order": TINY_GRID["grid"][0]["methods"]}  # no title
 
 
 def test_hyperparameter_change_reruns_only_affected_jobs(ran):
@@ -371,7 +379,8 @@ def test_kill9_then_data_change_then_rerun_starts_afresh(ran):
 
 def test_data_seed_run_redraws_each_seeds_partition(ran):
     """engine.data_seed: run (issue 34 item 3): seeds 0 and 1 train on different private subsets, drawn by
-    the partition_seed rule with the run seed; the runs read them and the report says what its intervals cover."""
+    the partition_seed rule with the run seed, and on different public subsets (public_seed rule, issue 47);
+    the runs read them and the report says what its intervals cover, from what the seeds redrew."""
     import hashlib
     import json
 
@@ -379,7 +388,7 @@ def test_data_seed_run_redraws_each_seeds_partition(ran):
 
     root, _, _ = ran
     grid = dict(TINY_GRID, engine=dict(TINY_GRID["engine"], rounds=1, data_seed="run"),
-                grid=[{"name": "ds", "scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": ["fedavg"],
+                grid=[{"name": "ds", "scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": ["fedmd"],
                        "structures": ["homo_lenet"], "seeds": [0, 1]}], report={"name": "ds", "title": "ds"})
     (root / "ds.yaml").write_text(yaml.safe_dump(grid))
     run("FEDSHIFT_TRACKING=none snakemake --cores 2 --configfile ds.yaml", root)
@@ -390,11 +399,15 @@ def test_data_seed_run_redraws_each_seeds_partition(ran):
     idx = [np.load(m.parent / "m0/private_index.npy") for m in man]
     assert not np.array_equal(np.sort(idx[0]), np.sort(idx[1]))  # another private subset, not another order
     read = pd.read_csv(root / "results/ablations/ds/collect/runs.csv").drop_duplicates("seed").set_index("seed")
-    for k in (0, 1):  # the grid's own folders (the module's other grids ran FedAvg seed 0 with other settings)
+    for k in (0, 1):  # the grid's own folders (the module's other grids ran FedMD seed 0 with other settings)
         cfg = yaml.safe_load((root / read.loc[k, "run_dir"] / "config.yaml").read_text())
         assert cfg["paths"]["partition"].endswith(f"partitions_seeded/rotmnist/seed{k}")
+        assert cfg["paths"]["public"].endswith(f"public_seeded/photo_patches/seed{k}")  # issue 47: the public subset too
+    pub = [np.load(root / f"build/public_seeded/photo_patches/seed{k}/train_index.npy") for k in (0, 1)]
+    assert not np.array_equal(pub[0], pub[1])
     report = (root / "results/ablations/ds/report/report.md").read_text()
-    assert "each seed drew its own private/public/test subsets (`data_seed: run`" in report
+    assert ("each seed drew its own private subsets, labeled public seed sets, validation sets, test sets and public "
+            "subset (`data_seed: run`): the intervals cover that draw and training noise.") in report
     assert set(pd.read_csv(root / "results/ablations/ds/collect/runs.csv")["data_seed"]) == {"run"}
     assert "Nothing to be done" in run("snakemake -n --cores 1 --configfile ds.yaml", root).stdout
 

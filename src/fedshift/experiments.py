@@ -45,6 +45,63 @@ def check_name(name: Any, where: str) -> None:
 
 
 SEEDED_PARTITIONS = "partitions_seeded"  # build/<this>/<scenario>/seed<k>: engine.data_seed: run (not DVC's)
+SEEDED_PUBLIC = "public_seeded"  # build/<this>/<public>/seed<k>: the public subset of run seed k (data_seed: run)
+PROTOCOL_PARTITIONS = "partitions_{protocol}"  # build/<this>/<scenario>/seed<k>: a grid's test_protocol other
+# than the data file's (issue 47), drawn by a Snakemake rule like the seeded ones
+
+
+@dataclass(frozen=True)
+class DataDraw:
+    """The data one run reads (issue 47): its partition and public folders, its test protocol and what
+    its seed redrew (empty under ``engine.data_seed: fixed``)."""
+
+    partition: str
+    public: Optional[str]
+    test_protocol: str
+    redrawn: Tuple[str, ...]
+
+
+def data_draw(build: str, scenario: str, entry: Optional[Mapping[str, Any]], protocol: Optional[str], public: str,
+              seed: int, data_seed: str, uses_public: bool) -> DataDraw:
+    """Where run ``seed`` of ``scenario`` reads its data. ``entry``: the scenario's entry of the data
+    file; ``protocol``: the grid's ``test_protocol`` (None: the data file's).
+
+    * the data file's protocol, ``data_seed: fixed``: ``build/partitions/<scenario>`` (DVC);
+    * the data file's protocol, ``data_seed: run``: ``build/partitions_seeded/<scenario>/seed<k>``;
+    * another protocol: ``build/partitions_<protocol>/<scenario>/seed<k>``, ``k`` the run seed
+      (``run``) or the data file's seed (``fixed``);
+    * the public set: ``build/public/<name>``, or under ``run`` ``build/public_seeded/<name>/seed<k>``:
+      the authors' code redraws its public subset with every seed (fccl+/utils/training.py:85,
+      fccl+/datasets/utils/public_dataset.py:70-79 after fccl+/main.py:58-59; fccl/Idea/Ours/FCCL.py:70, 119).
+    """
+    from .data import SCENARIOS
+    from .data.build import protocol_of, public_seed_override, seed_override, split_holdout_key, with_protocol
+
+    spec = SCENARIOS.get(scenario)
+    data_over = split_holdout_key(entry)[1]
+    where = f"scenarios.{scenario}"
+    base = resolve(spec.params, dict(data_over), where) if spec.params else None
+    file_protocol = protocol_of(base)
+    protocol = protocol or file_protocol
+    params = resolve(spec.params, with_protocol(scenario, data_over, protocol), where) if spec.params else None
+    if spec.builds_authors() and protocol != file_protocol:
+        k = seed_override(scenario, seed if data_seed == "run" else getattr(base, "seed", 0))
+        part = f"{build}/{PROTOCOL_PARTITIONS.format(protocol=protocol)}/{scenario}/seed{k}"
+    elif data_seed == "run":
+        part = f"{build}/{SEEDED_PARTITIONS}/{scenario}/seed{seed_override(scenario, seed)}"
+    else:
+        part = f"{build}/partitions/{scenario}"
+    pub = None
+    if public != "none" and uses_public:
+        pub = (f"{build}/{SEEDED_PUBLIC}/{public}/seed{public_seed_override(public, seed)}" if data_seed == "run"
+               else f"{build}/public/{public}")
+    redrawn = ()
+    if data_seed == "run":
+        redrawn = spec.seeded_splits(params) + (("public set",) if pub else ())
+    # the test set the run is scored on: a scenario whose authors' code tests on its clean split (Digits)
+    # is scored on clean test images under either name, and says so (params/papers/protocols.yaml: clean)
+    tested = protocol if spec.builds_authors() else "clean"
+    return DataDraw(part, pub, tested, tuple(redrawn))
 
 
 def deep_merge(base: Mapping, over: Mapping) -> dict:
@@ -230,6 +287,22 @@ class Plan:
     pretrain: Dict[PretrainJob, dict] = field(default_factory=dict)
     report: dict = field(default_factory=dict)
     partitions: Dict[Tuple[str, int], str] = field(default_factory=dict)  # (scenario, seed) -> folder it reads
+    build: str = "build"
+    # scenario -> (its data-file entry, the grid's test_protocol or None): data_draw's inputs
+    data: Dict[str, Tuple[dict, Optional[str]]] = field(default_factory=dict)
+
+    def draw(self, scenario: str, public: str, seed: int, data_seed: str, uses_public: bool = True) -> DataDraw:
+        """:func:`data_draw` of ``scenario`` as this grid reads it (tuning seeds: fedshift.tune)."""
+        entry, protocol = self.data[scenario]
+        return data_draw(self.build, scenario, entry, protocol, public, seed, data_seed, uses_public)
+
+    def draw_params(self, scenario: str, seed: int, data_seed: str) -> dict:
+        """The scenario's overrides (``holdout`` included) that :meth:`draw`'s partition is drawn with."""
+        from .data.build import with_protocol
+
+        entry, _ = self.data[scenario]
+        over = {**dict(entry or {}), **({"seed": seed} if data_seed == "run" else {})}
+        return with_protocol(scenario, over, self.draw(scenario, "none", seed, data_seed).test_protocol)
 
     def needed_pretrain(self) -> Dict[PretrainJob, dict]:
         """The pretrain jobs the workflow runs: every participant x architecture of the grid's
@@ -367,7 +440,7 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
         METHODS.get(v["method"], key=f"variants.{vname}.method")
     for mname in exp.get("methods") or {}:
         METHODS.get(mname, key="methods")
-    plan = Plan(report=exp.get("report") or {})
+    plan = Plan(report=dict(exp.get("report") or {}), build=build)  # the grid's block stays as written; the plan adds to its copy
     for b, block in enumerate(exp["grid"]):
         where = f"grid[{b}]"
         for s in block["scenarios"]:
@@ -395,6 +468,10 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
             spec = SCENARIOS.get(s)
             from .data.build import split_holdout_key  # `holdout` is the partition stage's key (issue 36)
 
+            so = (exp.get("scenario_overrides") or {}).get(s, {})
+            # the grid's test protocol (issue 47): scenario_overrides.<s>.test_protocol, else the grid's, else
+            # the data file's (absent: clean)
+            plan.data[s] = (dict(enabled_scen.get(s) or {}), so.get("test_protocol", exp.get("test_protocol")))
             scen_params = (resolve(spec.params, split_holdout_key(enabled_scen.get(s))[1], f"scenarios.{s}")
                            if spec.params else None)
             participants = list(spec.participants_for(scen_params))
@@ -415,7 +492,6 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
             if cls.requires_homogeneous and len(set(archs)) > 1:
                 raise ConfigError(f"{where}: method {m!r} averages parameters and needs a homogeneous structure, "
                                   f"but {st!r} assigns {archs}; use a homo_<model> structure")
-            so = (exp.get("scenario_overrides") or {}).get(s, {})
             overrides = _merge((exp.get("methods") or {}).get(base_method), (so.get("methods") or {}).get(base_method),
                                variant.get("params"))
             if server_family(cls):  # the scenario's protocol reaches the family, not only the rows it names
@@ -446,15 +522,12 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                         check_cuda(dev)
                     except ValueError as exc:
                         raise ConfigError(f"{what}.{exc}") from None
-            # engine.data_seed: run redraws the partition with the run seed (a Snakemake rule builds it from the
-            # datasets `dvc repro` fetched); fixed reads the one `dvc repro` built. One scenario and seed read one
-            # partition: the pretrain runs (BASE) are shared by every method of the grid.
-            part_dir = f"{build}/partitions/{s}"
-            if eng.data_seed == "run":
-                from .data.build import seed_override
-
-                seed_override(s, seed)  # a scenario without a seed parameter: one line, here
-                part_dir = f"{build}/{SEEDED_PARTITIONS}/{s}/seed{seed}"
+            # engine.data_seed: run redraws the partition (and the public subset) with the run seed, a test
+            # protocol other than the data file's draws its own partition (Snakemake rules build both from the
+            # datasets `dvc repro` fetched); otherwise the run reads what `dvc repro` built. One scenario and seed
+            # read one partition: the pretrain runs (BASE) are shared by every method of the grid.
+            draw = plan.draw(s, pub, seed, eng.data_seed, uses_public)
+            part_dir = draw.partition
             other = plan.partitions.setdefault((s, seed), part_dir)
             if other != part_dir:
                 raise ConfigError(f"engine ({m} on {s}).data_seed: {eng.data_seed!r} makes seed {seed} read {part_dir}, "
@@ -472,6 +545,7 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                     plan.pretrain[pj] = name_run({
                         "kind": "pretrain", "scenario": s, "participant": part,
                         "arch": arch, "seed": seed, "data_seed": eng.data_seed, "pretrain": to_dict(pre),
+                        **({"test_protocol": draw.test_protocol} if draw.test_protocol != "clean" else {}),
                         "paths": {"partition": part_dir}, "wildcards": pj.wildcards,
                     }, "pretrain", pj.path)
             base_runs = None
@@ -482,17 +556,21 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                 pjs = [PretrainJob(s, p, a, seed) for p, a in zip(participants, archs)]
                 pretrained = [f"{results}/pretrain/{plan.folder(pj)}/model.pt" for pj in pjs]
                 base_runs = [plan.pretrain[pj]["identity"] for pj in pjs]  # what its BASE checkpoints are
-            plan.federate[job] = name_run({
+            cfg = {
                 "kind": "federate", "scenario": s, "public": pub,
                 "method": m, "base_method": base_method, "structure": st, "seed": seed,
                 "participants": participants, "archs": list(archs),
                 "method_params": to_dict(mparams), "engine": to_dict(eng),
-                **({"base_runs": base_runs} if base_runs else {}),
-                "paths": {"partition": part_dir,
-                          "public": f"{build}/public/{pub}" if pub != "none" and uses_public else None,
-                          "pretrained": pretrained},
-                "wildcards": job.wildcards,
-            }, "federate", job.path)
+            }
+            if base_runs:
+                cfg["base_runs"] = base_runs
+            if draw.test_protocol != "clean":  # absent = clean (the shared contract of issue 47)
+                cfg["test_protocol"] = draw.test_protocol
+            if draw.redrawn:  # what this seed drew anew: the report's "what the intervals cover"
+                cfg["data_draw"] = {"redrawn": list(draw.redrawn)}
+            cfg["paths"] = {"partition": part_dir, "public": draw.public, "pretrained": pretrained}
+            cfg["wildcards"] = job.wildcards
+            plan.federate[job] = name_run(cfg, "federate", job.path)
     ran = {j.method for j in plan.federate} | {"base_pretrain"}  # base_pretrain: the collect rule's SOLO/BASE row
     for i, spec in enumerate((exp.get("report") or {}).get("tables") or []):
         unknown = [m for m in (spec or {}).get("methods", []) if m not in ran]
@@ -506,6 +584,9 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
     from .report.frames import published_method_names
 
     published_method_names(exp.get("report"))  # two of ours onto one published row: refused before any job
+    check_comparison(exp.get("report") or {}, ran, {j.scenario for j in plan.federate})
+    # the grid's methods in its order: the report's table rows and figure colours (report/palette.py)
+    plan.report["method_order"] = list(dict.fromkeys(j.method for j in plan.federate))
     return plan
 
 
@@ -541,6 +622,42 @@ def unreached_hooks(plan: Plan) -> List[str]:
             "under McMahan's protocol" for m, s in sorted(out.items())]
 
 
+def check_comparison(report: Mapping, ran, scenarios) -> None:
+    """``report.reference``, ``report.compare`` and the terms of ``report.claims`` name methods the grid runs
+    (one-line error with did-you-mean and the valid names), before any job starts."""
+    import difflib
+
+    from .report.grid_claims import check_grid_claims
+
+    valid = sorted(ran)
+    cmp = report.get("compare") or {}
+    named = [("report.reference", report.get("reference")), ("report.compare.method", cmp.get("method"))]
+    named += [("report.compare.against", m) for m in cmp.get("against") or []]
+    for key, name in named:
+        if name is not None and name not in ran:
+            close = difflib.get_close_matches(str(name), valid, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"{key}: {name!r} is not run by the grid{hint}; valid: {', '.join(valid)}")
+    if cmp.get("method") is not None and cmp["method"] in (cmp.get("against") or []):
+        raise ConfigError(f"report.compare.against: {cmp['method']!r} is the compared method itself; list its "
+                          "baselines")
+    check_grid_claims(report, ran, scenarios)
+
+
+def _drawn_with(folder: Path) -> Tuple[Optional[int], Optional[str]]:
+    """(seed, test protocol) a workflow rule drew ``folder`` with, read off its path (:func:`data_draw`);
+    (None, None) for DVC's folders."""
+    kind = folder.parent.parent.name
+    if not folder.name.startswith("seed") or not folder.name[4:].isdigit():
+        return None, None
+    if kind in (SEEDED_PARTITIONS, SEEDED_PUBLIC):
+        return int(folder.name[4:]), None
+    for protocol in ("clean", "authors"):
+        if kind == PROTOCOL_PARTITIONS.format(protocol=protocol):
+            return int(folder.name[4:]), protocol
+    return None, None
+
+
 def check_built_data(configs, data_params: Path | Mapping, build: str = "build") -> None:
     """The data the jobs will read is the data their grid names (issue 51 R18): every partition, public set
     and dataset already built under ``build`` that a job of ``configs`` (resolved federate / pretrain /
@@ -557,14 +674,14 @@ def check_built_data(configs, data_params: Path | Mapping, build: str = "build")
 
     data = load_yaml(data_params) if not isinstance(data_params, Mapping) else dict(data_params)
     shown = _shown(Path(data_params)) if not isinstance(data_params, Mapping) else "the data params"
-    folders: Dict[str, Optional[int]] = {}  # folder -> the run seed it was redrawn with (None: DVC's)
+    folders: Dict[str, Tuple[Optional[int], Optional[str]]] = {}  # folder -> (seed, test protocol) it was drawn
+    # with, (None, None) for DVC's; a redraw's folder names both (data_draw): build/partitions_seeded/<s>/seed<k>,
+    # build/partitions_<protocol>/<s>/seed<k>, build/public_seeded/<p>/seed<k>
     for cfg in configs:
         paths = cfg.get("paths") or {}
-        part = paths.get("partition")
-        if part:
-            folders.setdefault(part, int(cfg["seed"]) if Path(part).parent.parent.name == SEEDED_PARTITIONS else None)
-        if paths.get("public"):
-            folders.setdefault(paths["public"], None)
+        for folder in (paths.get("partition"), paths.get("public")):
+            if folder:
+                folders.setdefault(folder, _drawn_with(Path(folder)))
     drawn_from = set()  # the datasets the built partitions and public sets were drawn from
     for folder in folders:
         try:
@@ -572,15 +689,16 @@ def check_built_data(configs, data_params: Path | Mapping, build: str = "build")
         except (OSError, ValueError):
             continue
         drawn_from |= set(man.get("datasets") or {}) | ({man["dataset"]} if isinstance(man.get("dataset"), str) else set())
-    checks = [(f"{build}/datasets/{d}", None) for d in sorted(drawn_from)]
-    checks += sorted(folders.items(), key=lambda kv: (kv[1] is not None, kv[0]))  # DVC's folders before redraws
-    for folder, seed in checks:
-        diff = built_disagreement(Path(folder), data, seed)
+    checks = [(f"{build}/datasets/{d}", (None, None)) for d in sorted(drawn_from)]
+    checks += sorted(folders.items(), key=lambda kv: (kv[1] != (None, None), kv[0]))  # DVC's folders before redraws
+    for folder, (seed, protocol) in checks:
+        diff = built_disagreement(Path(folder), data, seed, protocol)
         if diff is None:
             continue
         key, built, asked = diff
         if seed is not None:
-            fix = f"remove {folder}: the workflow's partition_seed rule redraws it from {shown}"
+            fix = (f"remove {folder}: the workflow's partition_seed / partition_protocol / public_seed rule redraws "
+                   f"it from {shown}")
         elif shown == "params/data.yaml":
             fix = "run `dvc repro` to rebuild it"
         else:

@@ -202,6 +202,9 @@ class TunePlan:
     candidates: Dict[str, dict] = dataclasses.field(default_factory=dict)  # "<group>/<cid>/seed<k>-<id>" -> config
     groups: Dict[TuneGroup, List[str]] = dataclasses.field(default_factory=dict)  # group -> its candidate keys
     table: Optional[str] = None  # results/.../tune/tuned.csv (None: the grid tunes nothing)
+    # scenario -> {"file": results/tune/<scenario>/leaks.json, "tuning": [draw], "reported": [draw]}: the
+    # tune_leaks job's exact count before any candidate of the scenario runs (leak_guard)
+    leaks: Dict[str, dict] = dataclasses.field(default_factory=dict)
 
     def group_id(self, group: TuneGroup) -> str:
         """12 hex digits of the group's candidates' identities (issue 50): two grids that tune one method
@@ -286,11 +289,10 @@ def plan_tune(grid: Mapping, plan, results: str = "results") -> TunePlan:
                     c.update(seed=seed, wildcards={**job.wildcards, "seed": seed, "candidate": cid},
                              tune={"candidate": cid, "index": i, "values": dict(values), "metric": out.metric,
                                    "patience": b["patience"]})
-                    if eng.get("data_seed") == "run":  # the tuning seed's own redraw of the partition
-                        from .experiments import SEEDED_PARTITIONS
-
-                        root = str(Path(cfg["paths"]["partition"]).parent.parent)
-                        c["paths"]["partition"] = f"{root}/{SEEDED_PARTITIONS}/{job.scenario}/seed{seed}"
+                    if eng.get("data_seed") == "run":  # the tuning seed's own draw of the partition and public set
+                        draw = plan.draw(job.scenario, job.public, seed, "run", bool(c["paths"]["public"]))
+                        c["paths"].update(partition=draw.partition, public=draw.public)
+                        c["data_draw"] = {"redrawn": list(draw.redrawn)}
                     if c["paths"].get("pretrained"):  # BASE checkpoints of the tuning seed
                         paths, base_runs = [], []
                         for part, arch in zip(c["participants"], c["archs"]):
@@ -328,12 +330,108 @@ def plan_tune(grid: Mapping, plan, results: str = "results") -> TunePlan:
               "methods: the values would be chosen on the same draws (model initialisation, client sampling, a "
               "data_seed: run partition) the grid then reports; keep them apart (e.g. seeds: [100], docs/tuning.md)",
               file=sys.stderr)
+    out.leaks = leak_guard(plan, out, results)
     name = (plan.report or {}).get("name")
     root = f"{results}/ablations/{name}" if name else results
     out.table = f"{root}/tune/tuned.csv"
     plan.report["tuned"] = {"table": out.table, "budget": dict(b), "metric": out.metric,
                             "methods": sorted({g.method for g in out.groups})}
     return out
+
+
+# ----------------------------------------------------------------------------- leak guard (issue 47)
+def _draws(plan, cfgs: Sequence[dict]) -> List[dict]:
+    """One entry per partition folder the configs read: the folder and the overrides it is drawn with."""
+    out: Dict[str, dict] = {}
+    for c in cfgs:
+        folder = c["paths"]["partition"]
+        if folder not in out:
+            data_seed = c["engine"].get("data_seed", "fixed")
+            out[folder] = {"scenario": c["scenario"], "folder": folder, "seed": int(c["seed"]),
+                           "overrides": plan.draw_params(c["scenario"], int(c["seed"]), data_seed)}
+    return list(out.values())
+
+
+FIX = "tune with engine.data_seed: fixed and test_protocol: clean, or tune another scenario"
+
+
+def _leak_line(s: str, n: Optional[int], t_seeds, r_seeds, why: str) -> str:
+    if n is None:
+        return (f"tune: scenario {s!r}: validation images of tuning seed(s) {t_seeds} can be test images of reported "
+                f"seed(s) {r_seeds} ({why}; the count needs its data: dvc repro); {FIX}")
+    return (f"tune: scenario {s!r}: {n} validation image(s) of tuning seed(s) {t_seeds} are test images of reported "
+            f"seed(s) {r_seeds} ({why}; by source row or pixel hash); {FIX}")
+
+
+def _as_draws(entries: Sequence[dict]):
+    from .data.leaks import Draw
+
+    return [Draw(d["scenario"], d["folder"], d["overrides"]) for d in entries]
+
+
+def leak_guard(plan, tp: TunePlan, results: str = "results", datasets: Optional[str] = None) -> Dict[str, dict]:
+    """Refuse a tune whose validation images (any tuning seed) can be test images of a reported seed of the
+    grid, in one line naming the scenario and the count (fedshift.data.leaks). The scenario's construction
+    decides first (:func:`fedshift.data.leaks.structural`): where the test holds training images
+    (``test_protocol: authors``) or the seed redraws it, the images are counted from the built partitions
+    or the fetched datasets and any count (or no data to count on) is refused; a clean test the seed does
+    not redraw passes here, and the returned tune_leaks job counts by row and by pixel hash on the built
+    partitions before any candidate of the scenario runs."""
+    from .config import resolve
+    from .data import SCENARIOS
+    from .data.build import split_holdout_key
+    from .data.leaks import count_leaks, structural
+
+    datasets = datasets or f"{plan.build}/datasets"
+    jobs: Dict[str, dict] = {}
+    for s in sorted({c["scenario"] for c in tp.candidates.values()}):
+        tuning = _draws(plan, [c for c in tp.candidates.values() if c["scenario"] == s])
+        reported = _draws(plan, [c for c in plan.federate.values() if c["scenario"] == s])
+        t_seeds = sorted({d["seed"] for d in tuning})
+        r_seeds = sorted({int(c["seed"]) for c in plan.federate.values() if c["scenario"] == s})
+        same = [d["folder"] for d in tuning] == [d["folder"] for d in reported]
+        spec = SCENARIOS.get(s)
+        params = (resolve(spec.params, split_holdout_key(tuning[0]["overrides"])[1], f"scenarios.{s}")
+                  if spec.params else None)
+        kind = structural(s, params, same)
+        if kind != "none":
+            n = count_leaks(_as_draws(tuning), _as_draws(reported), Path(datasets))
+            why = ("its test_protocol authors tests on training images" if kind == "certain"
+                   else "its seed redraws the test split")
+            if n != 0:
+                raise ConfigError(_leak_line(s, n, t_seeds, r_seeds, why))
+        jobs[s] = {"file": f"{results}/tune/{s}/leaks.json", "scenario": s, "tuning": tuning, "reported": reported,
+                   "tuning_seeds": t_seeds, "reported_seeds": r_seeds}
+    return jobs
+
+
+def check_leaks(out: Path, spec_file: Path, datasets: Path = Path("build/datasets")) -> dict:
+    """The tune_leaks job: :func:`leak_guard`'s count by row and by pixel hash on the built partitions;
+    writes ``out`` (the count and the folders) when it is 0, else raises the guard's one line."""
+    from .data.leaks import count_leaks
+    from .data.store import atomic_write_text
+
+    spec = yaml.safe_load(Path(spec_file).read_text())
+    n = count_leaks(_as_draws(spec["tuning"]), _as_draws(spec["reported"]), Path(datasets))
+    if n != 0:
+        raise ConfigError(_leak_line(spec["scenario"], n, spec["tuning_seeds"], spec["reported_seeds"],
+                                     "counted on the built partitions"))
+    result = {"scenario": spec["scenario"], "leaks": 0, "tuning": [d["folder"] for d in spec["tuning"]],
+              "reported": [d["folder"] for d in spec["reported"]]}
+    atomic_write_text(Path(out), json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def write_leak_specs(tp: TunePlan, results: str = "results") -> Dict[str, str]:
+    """Each tuned scenario's tune_leaks input (``results/configs/tune/leaks/<scenario>.yaml``)."""
+    from .experiments import dump_config, write_if_changed
+
+    paths = {}
+    for s, job in tp.leaks.items():
+        p = f"{results}/configs/tune/leaks/{s}.yaml"
+        write_if_changed(Path(p), dump_config({k: v for k, v in job.items() if k != "file"}))
+        paths[s] = p
+    return paths
 
 
 def write_candidate_configs(tp: TunePlan, results: str = "results") -> Dict[str, str]:
@@ -505,13 +603,17 @@ def write_table(out: Path, chosen_files: Sequence[Path]) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    """``python -m fedshift.tune select OUT METRICS...`` | ``table OUT CHOSEN...`` (the tune rules)."""
+    """``python -m fedshift.tune select OUT METRICS...`` | ``table OUT CHOSEN...`` | ``leaks OUT SPEC``
+    (the tune rules)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
-        if len(argv) < 3 or argv[0] not in ("select", "table"):
-            raise ConfigError("usage: python -m fedshift.tune {select OUT METRICS.json... | table OUT CHOSEN.yaml...}")
+        if len(argv) < 3 or argv[0] not in ("select", "table", "leaks"):
+            raise ConfigError("usage: python -m fedshift.tune {select OUT METRICS.json... | table OUT CHOSEN.yaml... "
+                              "| leaks OUT SPEC.yaml}")
         verb, out, files = argv[0], Path(argv[1]), [Path(f) for f in argv[2:]]
-        if verb == "select":
+        if verb == "leaks":
+            check_leaks(out, files[0])
+        elif verb == "select":
             from .data.store import atomic_write_text
 
             atomic_write_text(out, yaml.safe_dump(select(files), sort_keys=False))

@@ -175,10 +175,20 @@ def test_stratified_split_exact_known_answer():
     assert {k: len(v) for k, v in tiny.items()} == {"a": 2, "b": 1, "private": 0}  # b asks 2, 1 is left
 
 
-def test_office_home_private_counts_and_held_out_rest(dataset_dirs, tmp_path):
+def test_office_home_private_counts_and_fixed_held_out_test(dataset_dirs, tmp_path):
     m = _partition("office_home", dataset_dirs, tmp_path / "a")
     assert _sizes(m) == {"art": 100, "clipart": 120, "product": 150, "real_world": 100}
-    assert _sizes(m, "test") == {"art": 1200, "clipart": 1180, "product": 1150, "real_world": 1200}
+    # clean: a stratified 20 % of each domain held out (1300 images, 20 per class: 4 per class), by split_seed
+    assert _sizes(m, "test") == {d: 260 for d in ("art", "clipart", "product", "real_world")}
+    assert all(info["splits"]["test"]["class_counts"] == {str(c): 4 for c in range(65)}
+               for info in m["participants"].values())
+    other = _partition("office_home", dataset_dirs, tmp_path / "b", {**SMALL["office_home"], "seed": 1})
+    for d in m["participants"]:  # another seed draws other private images, never the held-out test
+        t0, t1 = (np.load(out / d / "test_index.npy") for out in (tmp_path / "a", tmp_path / "b"))
+        p0, p1 = (np.load(out / d / "private_index.npy") for out in (tmp_path / "a", tmp_path / "b"))
+        assert np.array_equal(t0, t1) and not np.array_equal(p0, p1)
+        assert not set(p1.tolist()) & set(t0.tolist())
+    assert other["params"]["seed"] == 1
 
 
 # ----------------------------------------------------------------- FedH2L sizes

@@ -113,6 +113,8 @@ PUBLIC_USED = sorted({c["public"] for c in PLAN.federate.values() if c["paths"][
 localrules:
     dvc_repro,
     partition_seed,
+    partition_protocol,
+    public_seed,
     collect,
     report,
 
@@ -278,9 +280,10 @@ def report_labels(wc):
 # ---------------------------------------------------------------------------------------
 # Tune, then run (issue 36, rules/tune.smk): candidate configs, inputs and resources (as federate's).
 # ---------------------------------------------------------------------------------------
-from fedshift.tune import write_candidate_configs
+from fedshift.tune import write_candidate_configs, write_leak_specs
 
 TUNE_CONFIGS = write_candidate_configs(TUNE)
+TUNE_LEAK_SPECS = write_leak_specs(TUNE)  # issue 47: the leak guard's count on the built partitions
 TUNED_TABLE = [TUNE.table] if TUNE.table else []
 
 
@@ -294,7 +297,8 @@ def tune_cfg(wc):
 
 def tune_inputs(wc):
     cfg = tune_cfg(wc)
-    inputs = {"config": TUNE_CONFIGS[tune_key(wc)], "partition": f"{cfg['paths']['partition']}/manifest.json"}
+    inputs = {"config": TUNE_CONFIGS[tune_key(wc)], "partition": f"{cfg['paths']['partition']}/manifest.json",
+              "leaks": TUNE.leaks[wc.scenario]["file"]}  # no candidate runs before its scenario's leak count
     if cfg["paths"]["public"]:
         inputs["public"] = f"{cfg['paths']['public']}/manifest.json"
     for i, ckpt in enumerate(cfg["paths"]["pretrained"] or []):
@@ -312,6 +316,13 @@ def tune_mem_mb(wc, attempt):
 
 def tune_runtime(wc, attempt):
     return slurm_runtime(tune_cfg(wc), attempt, threads=tune_threads(wc))
+
+
+def tune_leak_inputs(wc):
+    """The partitions the leak count reads: every tuning seed's and every reported seed's."""
+    job = TUNE.leaks[wc.scenario]
+    folders = dict.fromkeys(d["folder"] for d in job["tuning"] + job["reported"])
+    return {"spec": TUNE_LEAK_SPECS[wc.scenario], **{f"partition_{i}": f"{f}/manifest.json" for i, f in enumerate(folders)}}
 
 
 def tune_group_metrics(wc):

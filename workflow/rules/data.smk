@@ -41,3 +41,46 @@ rule partition_seed:
     shell:
         "fedshift partition {wildcards.scenario} --seed {wildcards.seed} --params {params.data} "
         "--out $(dirname {output}) > {log} 2>&1"
+
+
+# A grid's test_protocol other than its data file's (issue 47; docs/datasets.md "Test protocols"): the
+# scenario drawn under that protocol (e.g. `authors`: the authors' code's whole-folder Office test), with the
+# run seed under engine.data_seed: run, else the data file's seed. Not a DVC stage, like partition_seed.
+rule partition_protocol:
+    input:
+        "build/partitions/{scenario}/manifest.json",
+    output:
+        "build/partitions_{protocol}/{scenario}/seed{seed}/manifest.json",
+    wildcard_constraints:
+        protocol="clean|authors",
+    conda:
+        "../envs/fedshift.yaml"
+    params:
+        data=DATA_PARAMS,
+        # the scenario's data-file entry: two grids drawing one folder from different entries (Table 3's
+        # authors_code: fccl, Table VIII's fccl_plus) rebuild it instead of reading the other's draw
+        entry=lambda wc: repr(sorted((PLAN.data.get(wc.scenario) or ({}, None))[0].items())),
+    log:
+        "logs/partition_{protocol}/{scenario}/seed{seed}.log",
+    shell:
+        "fedshift partition {wildcards.scenario} --seed {wildcards.seed} --test-protocol {wildcards.protocol} "
+        "--params {params.data} --out $(dirname {output}) > {log} 2>&1"
+
+
+# engine.data_seed: run: the public subset redrawn with the run seed, as the authors' code redraws its
+# 5,000 CIFAR-100 images with every seed (fccl+/datasets/utils/public_dataset.py:70-79). Its own public set
+# (from `dvc repro`) is the input only to order the two: the redraw reads build/datasets/.
+rule public_seed:
+    input:
+        "build/public/{public}/manifest.json",
+    output:
+        "build/public_seeded/{public}/seed{seed}/manifest.json",
+    conda:
+        "../envs/fedshift.yaml"
+    params:
+        data=DATA_PARAMS,
+    log:
+        "logs/public_seed/{public}/seed{seed}.log",
+    shell:
+        "fedshift public {wildcards.public} --seed {wildcards.seed} --params {params.data} "
+        "--out $(dirname {output}) > {log} 2>&1"

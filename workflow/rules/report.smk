@@ -15,6 +15,8 @@ PUBLISHED_CSVS = [
     for e in PLAN.report.get("published", []) or []
 ]
 CLAIMS = [p for p in ["params/papers/claims.yaml"] if os.path.exists(p)]
+# the grid's own claims (report.claims) when they live in a file: a change reruns the report
+GRID_CLAIMS = [PLAN.report["claims"]] if isinstance(PLAN.report.get("claims"), str) else []
 
 
 rule collect:
@@ -45,6 +47,7 @@ rule report:
         config=REPORT_CONFIG,
         published=PUBLISHED_CSVS,
         claims=CLAIMS,
+        grid_claims=GRID_CLAIMS,
         tuned=TUNED_TABLE,  # issue 36: the tuned table (rules/tune.smk), [] when the grid tunes nothing
         archive=ARCHIVE_STATUS,  # issue 52: the committed records read or left out (stale), with their code
     output:
@@ -54,7 +57,8 @@ rule report:
             # listed 4 entries for 8 files); report.html / claims.html are the inline views.
             patterns=[
                 "{kind,[a-z0-9]+(?:_[a-z0-9]+)*}__{group}.{ext,png|csv}",
-                "{kind,report|claims|delta_summary|published_flags|h2l_selected|tuned}.{ext,md|csv|html}",
+                "{kind,report|claims|delta_summary|published_flags|h2l_selected|tuned|comparison|grid_claims|tables}"
+                ".{ext,md|csv|html|tex}",
             ],
             caption="../report/results.rst",
             category="{kind}",

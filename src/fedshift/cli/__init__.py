@@ -90,9 +90,13 @@ def main(argv: List[str] | None = None) -> int:
         p.add_argument("--params", type=Path, default=Path("params/data.yaml"))
         p.add_argument("--out", default=None)
         p.add_argument("--datasets", default="build/datasets", help="folder of fetched datasets")
-        if name == "partition":
+        if name in ("partition", "public"):
             p.add_argument("--seed", type=int, default=None,
                            help="draw with this seed instead of params/data.yaml's (engine.data_seed: run)")
+        if name == "partition":
+            p.add_argument("--test-protocol", choices=("clean", "authors"), default=None,
+                           help="test set to build: clean (held out) or the authors' code's (docs/datasets.md); "
+                                "default: params/data.yaml's")
         p.add_argument("--data-dir", default="data", help="manually supplied archives (data.dvc)")
         p.add_argument("--cache-dir", default="build/downloads", help="downloaded archives")
         p.set_defaults(fn=fn)

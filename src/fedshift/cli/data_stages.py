@@ -66,7 +66,7 @@ def cmd_public(args) -> None:
     spec = PUBLIC_SETS.get(args.name, key="public")
     overrides = (params.get("public") or {}).get(args.name)
     build.build_public(args.name, Path(args.datasets) / spec.dataset, Path(args.out or f"build/public/{args.name}"),
-                       overrides)
+                       overrides, seed=args.seed)
 
 
 def cmd_partition(args) -> None:
@@ -77,6 +77,8 @@ def cmd_partition(args) -> None:
     overrides = (params.get("scenarios") or {}).get(args.scenario)
     if args.seed is not None:  # engine.data_seed: run: the run seed redraws the partition
         overrides = {**(overrides or {}), "seed": build.seed_override(args.scenario, args.seed)}
+    if args.test_protocol is not None:  # a grid's test_protocol (issue 47): its own partition
+        overrides = build.with_protocol(args.scenario, overrides, args.test_protocol)
     dirs = {d: Path(args.datasets) / d for d in DATASETS.names()}
     build.partition(args.scenario, dirs, Path(args.out or f"build/partitions/{args.scenario}"), overrides)
 

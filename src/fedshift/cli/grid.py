@@ -34,6 +34,8 @@ def _data_not_built(plan, data_params: Path) -> Optional[str]:
     datasets = set()
     for f in missing:
         kind, name = Path(f).parent.name, Path(f).name
+        if Path(f).name.startswith("seed"):  # drawn by a workflow rule (data_seed: run, test_protocol) from DVC's data
+            kind, name = Path(f).parent.parent.name.split("_")[0], Path(f).parent.name
         if kind == "partitions" and name in SCENARIOS:
             datasets |= set(SCENARIOS.get(name).datasets)
         elif kind == "public" and name in PUBLIC_SETS:
@@ -41,7 +43,10 @@ def _data_not_built(plan, data_params: Path) -> Optional[str]:
     manual = sorted(d for d in datasets if d in DATASETS and DATASETS.get(d).manual)
     how = ("`dvc repro`" if data_params == Path("params/data.yaml") else
            f"`dvc repro` after copying {data_params} over params/data.yaml (DVC builds from that file only)")
+    drawn = any(Path(f).name.startswith("seed") for f in missing)
     return (f"data not built yet: {', '.join(missing)}; build with {how}"
+            + (" (the workflow's partition_seed / partition_protocol / public_seed jobs draw the seed<k> folders "
+               "from what it builds)" if drawn else "")
             + (f", which needs the hand-supplied archive(s) {', '.join(manual)} under data/ (docs/datasets.md)"
                if manual else "") + "; until then the workflow stops at its dvc_repro job")
 

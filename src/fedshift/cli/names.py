@@ -76,6 +76,8 @@ def _first_line(obj) -> str:
 def _describe(kind: str, obj) -> str:
     """``list --long``: for a method what it needs (public set, BASE checkpoints, one architecture)
     with its default params, then the first paragraph of its docstring."""
+    if kind == "scenarios":  # what it is, and the test set `test_protocol: authors` gives it (issue 47)
+        return f"{obj.doc or _first_line(obj)}\ttest_protocol authors: {obj.authors_test or 'none known (refused)'}"
     if kind != "methods":
         return _first_line(obj)
     needs = []

@@ -80,9 +80,14 @@ def fetch_dataset(name: str, out_dir: Path, ctx: FetchContext, overrides: Option
     return manifest
 
 
-def build_public(name: str, dataset_dir: Path, out_dir: Path, overrides: Optional[Mapping] = None) -> dict:
-    """Sample the unlabeled public set ``name`` from its dataset folder into ``out_dir``."""
+def build_public(name: str, dataset_dir: Path, out_dir: Path, overrides: Optional[Mapping] = None,
+                 seed: Optional[int] = None) -> dict:
+    """Sample the unlabeled public set ``name`` from its dataset folder into ``out_dir``; ``seed``
+    replaces its parameters' seed (``engine.data_seed: run``: each run seed draws its own subset, as
+    the authors' code does, fccl+/datasets/utils/public_dataset.py:70-79)."""
     spec = PUBLIC_SETS.get(name, key="public")
+    if seed is not None:
+        overrides = {**(overrides or {}), "seed": public_seed_override(name, seed)}
     params = resolve_params(spec, overrides, f"public.{name}")
     x, _ = store.load_split(dataset_dir, spec.split, mmap=True)
     n = getattr(params, "n", None) or len(x)
@@ -112,13 +117,15 @@ _SECTIONS = {"dataset": ("dataset_params", DATASETS), "public": ("public", PUBLI
              "partition": ("scenarios", SCENARIOS)}
 
 
-def built_disagreement(folder: Path, data: Mapping[str, Any], seed: Optional[int] = None) -> Optional[Tuple[str, Any, Any]]:
+def built_disagreement(folder: Path, data: Mapping[str, Any], seed: Optional[int] = None,
+                       protocol: Optional[str] = None) -> Optional[Tuple[str, Any, Any]]:
     """``(key, built value, asked value)`` of the first parameter where the data built in ``folder`` (its
     manifest's ``params``) differs from what the data params ``data`` (a params/data.yaml mapping) ask of it,
     e.g. ``("scenarios.rotmnist.seed", 0, 1)``; None when they agree, when nothing is built there or its
     manifest records no parameters (issue 51 R18: a grid's ``data_params`` that disagreed with the built
     partition trained on the built one, silently). ``seed``: the run seed a redrawn partition
-    (``engine.data_seed: run``) was drawn with, in place of the scenario's own.
+    (``engine.data_seed: run``) or public set was drawn with, in place of the scenario's own; ``protocol``:
+    the test protocol a grid's own partition was drawn under (issue 47, ``build/partitions_<protocol>/...``).
 
     Only keys both sides know are compared, plus every key ``data`` sets itself: a parameter a newer
     fedshift added at its old default does not make older data disagree. A partition's validation
@@ -143,30 +150,97 @@ def built_disagreement(folder: Path, data: Mapping[str, Any], seed: Optional[int
         has_val = any("val" in (p.get("splits") or {}) for p in parts)
         if parts and not has_val and (held[0] if held else 0.0) != fraction:
             return f"{where}.{HOLDOUT_KEY}", held[0] if held else 0.0, fraction
+        if protocol is not None:
+            given = with_protocol(name, given, protocol)
     asked = to_dict(resolve_params(spec, given, where)) if spec.params is not None else {}
     if seed is not None:
         asked["seed"] = seed
     plain = lambda v: json.loads(json.dumps(v))  # noqa: E731  tuples as lists, as the manifest holds them
     asked, built = plain(asked), plain(built)
+    if "test_protocol" in asked:  # a manifest records test_protocol only when it is not clean (recorded_params)
+        built.setdefault("test_protocol", "clean")
     for key in sorted((set(asked) & set(built)) | set(given)):
         if asked.get(key, "absent") != built.get(key, "absent"):
             return f"{where}.{key}", built.get(key, "absent"), asked.get(key, "absent")
     return None
 
 
-def seed_override(name: str, seed: int) -> int:
-    """``seed`` for scenario ``name``'s draw (``engine.data_seed: run``); a scenario without a ``seed``
-    parameter cannot be redrawn: one line saying so."""
+def _checked_seed(kind: str, name: str, params_cls, seed: int) -> int:
     import dataclasses
 
-    spec = SCENARIOS.get(name, key="scenarios")
-    fields = {f.name for f in dataclasses.fields(spec.params)} if spec.params else set()
-    if "seed" not in fields:
-        raise ConfigError(f"engine.data_seed: run: scenario {name!r} has no `seed` parameter, so its partition "
-                          "cannot be redrawn per run seed; use data_seed: fixed for it")
+    if not params_cls or "seed" not in {f.name for f in dataclasses.fields(params_cls)}:
+        raise ConfigError(f"engine.data_seed: run: {kind} {name!r} has no `seed` parameter, so it cannot be "
+                          f"redrawn per run seed; use data_seed: fixed for it")
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ConfigError(f"--seed: {seed!r} must be a non-negative integer")
     return seed
+
+
+def seed_override(name: str, seed: int) -> int:
+    """``seed`` for scenario ``name``'s draw (``engine.data_seed: run``); a scenario without a ``seed``
+    parameter cannot be redrawn: one line saying so."""
+    return _checked_seed("scenario", name, SCENARIOS.get(name, key="scenarios").params, seed)
+
+
+def public_seed_override(name: str, seed: int) -> int:
+    """``seed`` for public set ``name``'s draw (``engine.data_seed: run``); one line when it has no ``seed``."""
+    return _checked_seed("public set", name, PUBLIC_SETS.get(name, key="public").params, seed)
+
+
+def protocol_of(params) -> str:
+    """The test protocol a scenario's parameters build (issue 47): ``clean`` unless its Params has a
+    ``test_protocol`` field set to ``authors``."""
+    return getattr(params, "test_protocol", "clean")
+
+
+TEST_PROTOCOLS = ("clean", "authors")
+
+
+def with_protocol(name: str, overrides: Optional[Mapping[str, Any]], protocol: str) -> dict:
+    """Scenario ``name``'s overrides under test protocol ``protocol`` (a grid's ``test_protocol``):
+    ``test_protocol`` set where the scenario builds another partition for it; unchanged where its
+    authors' code tests on the clean split (``authors_test`` without the Params field); one line
+    where no authors' test is known."""
+    spec = SCENARIOS.get(name, key="scenarios")
+    if protocol not in TEST_PROTOCOLS:
+        raise ConfigError(f"test_protocol: {protocol!r} is not valid; valid: {', '.join(TEST_PROTOCOLS)}")
+    if protocol == "authors" and not spec.authors_test:
+        raise ConfigError(f"test_protocol: authors: scenario {name!r} has no authors' test set to follow (no authors' "
+                          "code is known for it, so its held-out test is the paper's); use test_protocol: clean")
+    out = dict(overrides or {})
+    if spec.builds_authors():
+        out["test_protocol"] = protocol
+    return out
+
+
+def recorded_params(params) -> dict:
+    """A scenario's parameters as its manifest records them: ``test_protocol`` only when it is not
+    ``clean`` (absent = clean, as in a run's config), so clean partitions keep their bytes."""
+    out = to_dict(params) if params is not None else {}
+    if out.get("test_protocol") == "clean":
+        out.pop("test_protocol")
+    return out
+
+
+def draw_partition(spec, name: str, dirs: Mapping[str, Path], params):
+    """(participants, audit) of scenario ``name`` drawn in memory: under ``clean`` evaluation samples that
+    duplicate a training image are dropped and any overlap left is an error; under ``authors`` the test
+    keeps the whole folder as the authors' code does, training images included (the audit counts them)."""
+    from .audit import audit_partition, drop_leaks, split_hashes
+
+    parts = spec.build(dict(dirs), params)
+    hashes = split_hashes(parts)  # each image hashed once for both checks
+    if protocol_of(params) == "authors":
+        audit = audit_partition(parts, hashes)
+        audit.update(test_protocol="authors", eval_samples_removed_as_duplicates=0,
+                     note="test_protocol authors: the test split holds training images by design (the authors' code)")
+        return parts, audit
+    removed = drop_leaks(parts, hashes)
+    audit = audit_partition(parts, hashes)
+    if not audit["disjoint_by_index"] or not audit["disjoint_by_hash"]:
+        raise RuntimeError(f"scenario {name!r}: training and evaluation splits overlap: {audit['overlaps'][:5]}")
+    audit["eval_samples_removed_as_duplicates"] = removed
+    return parts, audit
 
 
 def partition(name: str, dataset_dirs: Mapping[str, Path], out_dir: Path, overrides: Optional[Mapping] = None,
@@ -176,8 +250,6 @@ def partition(name: str, dataset_dirs: Mapping[str, Path], out_dir: Path, overri
     ``holdout``: fraction of each participant's private split recorded as its validation holdout
     when the scenario gives it no ``val`` split (0: none); default: ``overrides['holdout']``, else
     :data:`HOLDOUT`."""
-    from .audit import audit_partition, drop_leaks, split_hashes
-
     spec = SCENARIOS.get(name, key="scenarios")
     fraction, overrides = split_holdout_key(overrides)
     holdout = fraction if holdout is None else holdout
@@ -189,13 +261,7 @@ def partition(name: str, dataset_dirs: Mapping[str, Path], out_dir: Path, overri
             f"scenario {name!r} needs dataset(s) {', '.join(missing)}: add them to `datasets` in "
             "params/data.yaml and run `dvc repro`"
         )
-    parts = spec.build({d: Path(dataset_dirs[d]) for d in needed}, params)
-    hashes = split_hashes(parts)  # each image hashed once for both checks
-    removed = drop_leaks(parts, hashes)
-    audit = audit_partition(parts, hashes)
-    if not audit["disjoint_by_index"] or not audit["disjoint_by_hash"]:
-        raise RuntimeError(f"scenario {name!r}: training and evaluation splits overlap: {audit['overlaps'][:5]}")
-    audit["eval_samples_removed_as_duplicates"] = removed
+    parts, audit = draw_partition(spec, name, {d: Path(dataset_dirs[d]) for d in needed}, params)
     try:
         return _write_partition(name, spec, params, needed, dataset_dirs, parts, audit, Path(out_dir), holdout)
     except OSError as exc:  # full disk / ulimit -f: numpy's "470400 requested and 266112 written" (issue 38)
@@ -224,7 +290,7 @@ def _write_partition(name, spec, params, needed, dataset_dirs, parts, audit, out
             "image_shape": list(spec.image_shape),
             "num_classes": spec.num_classes,
             "participants_order": list(parts),
-            "params": to_dict(params) if params is not None else {},
+            "params": recorded_params(params),
             "datasets": {
                 d: store.sha256_file(Path(dataset_dirs[d]) / store.MANIFEST) for d in needed
             },

@@ -72,6 +72,15 @@ class ScenarioSpec:
     headline_topk: int = 1  # FCCL+ code: top-1 for Digits/Office-Caltech, top-5 for Office31/Home
     sources: Callable[[Any], Tuple[str, ...]] = field(default=None)  # params -> datasets read
     participants: Callable[[Any], Tuple[str, ...]] = field(default=None)  # params -> participant names
+    # Test protocols (issue 47). ``clean`` (always): evaluation splits share no image with training data.
+    # ``authors_test``: the test set of the authors' code for this scenario, cited file:line; "" = none
+    # known (no public code), so ``test_protocol: authors`` is refused. A scenario whose Params has a
+    # ``test_protocol`` field builds another partition under ``authors``; one without tests on the
+    # clean split under both (the authors' code tests on it too).
+    authors_test: str = ""
+    # The splits its ``seed`` parameter draws (params -> names), the rest being the same at every seed:
+    # what ``engine.data_seed: run`` redraws; None = every split.
+    seeded: Optional[Callable[[Any], Tuple[str, ...]]] = field(default=None)
 
     def datasets_for(self, params) -> Tuple[str, ...]:
         return tuple(self.sources(params)) if self.sources else self.datasets
@@ -79,6 +88,16 @@ class ScenarioSpec:
     def participants_for(self, params) -> Tuple[str, ...]:
         """Participant names in order, known from the parameters alone (before partitioning)."""
         return tuple(self.participants(params))
+
+    def builds_authors(self) -> bool:
+        """True when ``test_protocol: authors`` draws another partition (its Params has the field)."""
+        import dataclasses
+
+        return bool(self.params) and "test_protocol" in {f.name for f in dataclasses.fields(self.params)}
+
+    def seeded_splits(self, params) -> Tuple[str, ...]:
+        """The splits a new ``seed`` redraws (:attr:`seeded`); ``("partition",)`` when undeclared."""
+        return tuple(self.seeded(params)) if self.seeded else ("partition",)
 
 
 # Roles of a partition's splits: training data may never share an image with

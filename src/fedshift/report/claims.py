@@ -45,26 +45,37 @@ CLAIM_KINDS = ("order", "ratio")
 def load_claims(path: Optional[Path] = None) -> List[dict]:
     path = Path(path or claims_path())
     doc = yaml.safe_load(path.read_text()) or {}
-    claims = doc.get("claims", [])
+    return check_claims(doc.get("claims", []), str(path))
+
+
+def check_claims(claims: List[dict], where: str) -> List[dict]:
+    """``claims`` (a list in the schema of params/papers/claims.yaml) when valid, else a one-line
+    ConfigError naming ``where``, the claim and the key."""
+    if not isinstance(claims, list) or not all(isinstance(c, dict) for c in claims):
+        raise ConfigError(f"{where}: claims must be a list of mappings (id, paper, text, metric, compare)")
     for c in claims:
         for key in ("id", "paper", "text", "metric", "compare"):
             if key not in c:
-                raise ConfigError(f"{path}: claim {c.get('id', '?')!r} lacks {key!r}")
+                raise ConfigError(f"{where}: claim {c.get('id', '?')!r} lacks {key!r}")
+        if (not isinstance(c["compare"], list) or not c["compare"]
+                or not all(isinstance(p, list) and len(p) == 2 for p in c["compare"])):
+            raise ConfigError(f"{where}: claim {c['id']!r}: compare must be a list of pairs [a, b] (a beats b), "
+                              f"got {c['compare']!r}")
         if c.get("structure") is not None and c["structure"] not in STRUCTURES:
-            raise ConfigError(f"{path}: claim {c['id']!r}: structure {c['structure']!r} must be one of "
+            raise ConfigError(f"{where}: claim {c['id']!r}: structure {c['structure']!r} must be one of "
                               f"{', '.join(STRUCTURES)}")
         if c.get("kind", "order") not in CLAIM_KINDS:
-            raise ConfigError(f"{path}: claim {c['id']!r}: kind {c['kind']!r} must be one of {', '.join(CLAIM_KINDS)}")
+            raise ConfigError(f"{where}: claim {c['id']!r}: kind {c['kind']!r} must be one of {', '.join(CLAIM_KINDS)}")
         if c.get("paired") not in (None, "seeds") or (c.get("paired") and c.get("kind") == "ratio"):
-            raise ConfigError(f"{path}: claim {c['id']!r}: paired {c['paired']!r} must be 'seeds' (or absent), "
+            raise ConfigError(f"{where}: claim {c['id']!r}: paired {c['paired']!r} must be 'seeds' (or absent), "
                               "and a ratio claim cannot be paired")
         metrics = c["metric"] if isinstance(c["metric"], dict) else {"default": c["metric"]}
         if not metrics or not all(isinstance(k, str) and isinstance(v, str) for k, v in metrics.items()):
-            raise ConfigError(f"{path}: claim {c['id']!r}: metric must be a metric key or a mapping "
+            raise ConfigError(f"{where}: claim {c['id']!r}: metric must be a metric key or a mapping "
                               f"{{scenario: metric key}}, got {c['metric']!r}")
         rounds = {str(v).startswith("rounds_to/") for v in metrics.values()}
         if (c.get("kind") == "ratio" or c.get("ratio_vs")) and rounds != {True}:
-            raise ConfigError(f"{path}: claim {c['id']!r}: kind ratio needs metric rounds_to/<target> or rounds_to/*, "
+            raise ConfigError(f"{where}: claim {c['id']!r}: kind ratio needs metric rounds_to/<target> or rounds_to/*, "
                               f"got {c['metric']!r}")
     return claims
 

@@ -58,8 +58,9 @@ def load_run(run_dir: Path) -> pd.DataFrame:
     for col in ID_COLUMNS:
         df[col] = cfg.get(col)
     df["local_epochs"] = (cfg.get("engine") or {}).get("local_epochs")  # the schedule a proxy section states
-    # one data draw for every seed, or one per seed: what the report's intervals cover
+    # one data draw for every seed, or one per seed, and what it redrew: what the report's intervals cover
     df["data_seed"] = (cfg.get("engine") or {}).get("data_seed", "fixed")
+    df["redrawn"] = ", ".join((cfg.get("data_draw") or {}).get("redrawn") or [])
     # how a server-averaging method was scored (issue 34 item 6): a table mixing these is marked
     mp = cfg.get("method_params") or {}
     df["protocol"] = ", ".join(f"{k} {mp[k]}" for k in ("eval_models", "weighting") if k in mp)
@@ -180,9 +181,9 @@ def collect(run_dirs: Iterable[Path], out: Path, pretrain_dirs: Iterable[Path] =
             cfgs.append((_config(d), int(load_run(d)["round"].max())))
         frames.append(pretrain_rows(cfgs, pretrain_dirs))
     df = pd.concat(frames, ignore_index=True)
-    cols = ID_COLUMNS + ["round", "participant", "arch", "domain", "kind", "top1", "top5", "local_epochs", "data_seed", "protocol",
-                         "select", "selected_round", "tuned", "tuned_values", "public_aug", "test_protocol", "image_size",
-                         "test_sizes", "record", "code", "run_dir"]
+    cols = ID_COLUMNS + ["round", "participant", "arch", "domain", "kind", "top1", "top5", "local_epochs", "data_seed",
+                         "redrawn", "protocol", "select", "selected_round", "tuned", "tuned_values", "public_aug",
+                         "test_protocol", "image_size", "test_sizes", "record", "code", "run_dir"]
     df = df.reindex(columns=list(dict.fromkeys(list(df.columns) + cols)))
     df = df[cols].sort_values(["scenario", "public", "structure", "method", "seed", "round", "participant", "domain"])
     atomic_write_text(Path(out), df.to_csv(index=False))

@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import Optional, Sequence
 
 import pandas as pd
 
 from .palette import method_colours
 
 
-def delta_figure(cells: pd.DataFrame, path: Path, title: str) -> None:
+def delta_figure(cells: pd.DataFrame, path: Path, title: str, order: Optional[Sequence[str]] = None) -> None:
     """Ours (mean ± 95% CI) against the published value, one panel per metric, one point per cell
-    (square = AVG / server model, circle = a participant); the diagonal is agreement."""
+    (square = AVG / server model, circle = a participant); the diagonal is agreement. Colours: the grid's
+    method ``order`` (:func:`fedshift.report.palette.method_colours`)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -23,7 +25,8 @@ def delta_figure(cells: pd.DataFrame, path: Path, title: str) -> None:
         cells["method"] = [m if o == m else f"{m} = ours {o}" for m, o in zip(cells["method"], cells["ours_method"])]
     metrics = list(dict.fromkeys(cells["metric"]))
     methods = list(dict.fromkeys(cells["method"]))
-    colour = {m: method_colours([m.split(" = ours ")[-1]])[m.split(" = ours ")[-1]] for m in methods}
+    ours = {m: m.split(" = ours ")[-1] for m in methods}
+    colour = {m: method_colours(ours.values(), order)[ours[m]] for m in methods}
     cols = min(len(metrics), 3)
     rows = -(-len(metrics) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.8 * rows), squeeze=False)

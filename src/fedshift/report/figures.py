@@ -27,7 +27,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 import pandas as pd
 
-from .frames import participant_archs
+from .frames import ordered, participant_archs
 from .palette import method_colours
 
 
@@ -62,13 +62,13 @@ def participant_curves(df: pd.DataFrame, path: Path, title: str, methods: Option
     per = df.groupby(["method", "seed", "round", "participant", "kind"], as_index=False)[metric].mean()
     per[metric] *= 100
     parts = sorted(per["participant"].unique(), key=_natural)
-    order = [m for m in (methods or sorted(per["method"].unique())) if m in set(per["method"])]
+    order = ordered(set(per["method"]), methods)
     sns.set_theme(style="whitegrid", context="paper")
     fig, axes = plt.subplots(2, len(parts), figsize=(2.8 * len(parts) + 1.6, 5.2), sharex=True, sharey="row",
                              squeeze=False)
     from matplotlib.ticker import MaxNLocator
 
-    palette = method_colours(order)  # the same colour per method in every figure of the report
+    palette = method_colours(order, methods)  # the same colour per method in every figure of the report
     archs = participant_archs(df[df["method"] != "base_pretrain"])
     for row, kind in enumerate(("inter", "intra")):
         for col, p in enumerate(parts):
@@ -106,7 +106,7 @@ def domain_heatmap(df: pd.DataFrame, path: Path, title: str, methods: Optional[L
                    last_k: int = 3) -> None:
     plt = _plt()
     metric = _metric(df["scenario"].iloc[0])
-    order = [m for m in (methods or sorted(df["method"].unique())) if m in set(df["method"])]
+    order = ordered(set(df["method"]), methods)
     n = len(order)
     cols = min(n, 4)
     rows = (n + cols - 1) // cols
@@ -350,11 +350,12 @@ def report_figures(df: pd.DataFrame, out: Path, report_cfg: Optional[dict] = Non
     ``tables``: {(name, scenario, public, structure): (table, std)} of the named (ablation)
     tables, drawn as bar charts."""
     md: List[str] = ["## Figures", ""]
+    order = (report_cfg or {}).get("method_order")  # the grid's methods: rows, panels and colours in its order
     for (scen, pub, struct), sub in df.groupby(["scenario", "public", "structure"]):
         slug = _slug(scen, pub, struct)
         title = f"{scen} / public {pub} / {struct}"
-        participant_curves(sub, out / f"participants__{slug}.png", title)
-        domain_heatmap(sub, out / f"domains__{slug}.png", title, last_k=last_k)
+        participant_curves(sub, out / f"participants__{slug}.png", title, order)
+        domain_heatmap(sub, out / f"domains__{slug}.png", title, order, last_k=last_k)
         md += [f"![per-participant accuracy](participants__{slug}.png)", "",
                f"![participant x domain](domains__{slug}.png)", ""]
         for (method, seed), runs in sub.groupby(["method", "seed"]):

@@ -3,6 +3,8 @@ report.py and the paper delta (paper_delta.py and its parts) read the same frame
 
 from __future__ import annotations
 
+from typing import List, Optional, Sequence
+
 import pandas as pd
 
 from ..errors import ConfigError
@@ -82,6 +84,13 @@ def tuned_values(df: pd.DataFrame) -> dict:
     text = df["tuned_values"].astype(object).where(df["tuned_values"].notna(), "").astype(str)  # all-NaN: float64
     vals = df.assign(tuned_values=text).groupby("method")["tuned_values"]
     return {m: " / ".join(sorted(set(v) - {""})) for m, v in vals}
+
+
+def ordered(present, methods: Optional[Sequence[str]] = None) -> List[str]:
+    """``present`` in the order of ``methods`` (the grid's), the rest after them, sorted."""
+    present = list(present)
+    first = [m for m in (methods or []) if m in present]
+    return first + sorted(m for m in present if m not in first)
 
 
 def participant_archs(df: pd.DataFrame) -> dict:

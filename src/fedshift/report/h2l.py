@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from .frames import published_method_names, rename_published
+from .tables import Table
 
 METRICS = ("acc", "wdp", "cdp")
 RUN = ["scenario", "public", "structure", "method", "seed"]
@@ -93,16 +94,14 @@ def table2(sel: pd.DataFrame, published: Optional[pd.DataFrame] = None
     return out, structures
 
 
-def to_markdown(long: pd.DataFrame, title: str, methods: Optional[Sequence[str]] = None) -> str:
+def to_markdown(long: pd.DataFrame, title: str, methods: Optional[Sequence[str]] = None) -> List[str]:
     """Table II shape: rows = method (scenario), columns = participant x (ACC, WDP, CDP), Avg last;
     each cell ``ours ± std`` and, when published, ``(paper p, Δ d)``."""
     parts = sorted(p for p in long["participant"].unique() if p != "avg") + ["avg"]
     cols = [(p, m) for p in parts for m in METRICS]
-    header = "| method | scenario | " + " | ".join(f"{p} {m.upper()}" for p, m in cols) + " | seeds |"
-    lines = [f"### {title}", "", "Percent; ours = mean ± std over seeds; (paper, Δ = ours - paper) where published.",
-             "", header, "|---|---|" + "---:|" * len(cols) + "---:|"]
     order = list(methods or []) + sorted(m for m in long["method"].unique() if m not in (methods or []))
     idx = long.set_index(["method", "scenario", "participant", "metric"])
+    rows = []
     for method in order:
         for scen in sorted(long.loc[long["method"] == method, "scenario"].unique()):
             cells, seeds = [], 0
@@ -117,17 +116,17 @@ def to_markdown(long: pd.DataFrame, title: str, methods: Optional[Sequence[str]]
                 if pd.notna(r["paper"]):
                     c += f" ({r['paper']:.2f}, Δ {round(r['delta'], 2) or 0.0:+.2f})"  # no "-0.00"
                 cells.append(c)
-            lines.append(f"| {method} | {scen} | " + " | ".join(cells) + f" | {seeds} |")
-    return "\n".join(lines) + "\n"
+            rows.append([method, scen, *cells, seeds])
+    table = Table(["method", "scenario"] + [f"{p} {m.upper()}" for p, m in cols] + ["seeds"], rows,
+                  align="ll" + "r" * (len(cols) + 1))
+    return [f"### {title}", "", "Percent; ours = mean ± std over seeds; (paper, Δ = ours - paper) where published.",
+            "", table.text()]
 
 
-def avg_markdown(long: pd.DataFrame, title: str) -> str:
+def avg_markdown(long: pd.DataFrame, title: str) -> List[str]:
     """The Avg columns alone: one row per (method, scenario), ours ± std, paper, Δ."""
     a = long[long["participant"] == "avg"]
-    lines = [f"### {title}", "", "Percent; ours = mean ± std over seeds (a spread, not a confidence interval); "
-             "Δ = ours - paper.", "", "| method | scenario | " + " | ".join(
-        f"{m.upper()} ours | {m.upper()} paper | {m.upper()} Δ" for m in METRICS) + " | seeds |",
-        "|---|---|" + "---:|" * (3 * len(METRICS)) + "---:|"]
+    rows = []
     for (method, scen), g in a.groupby(["method", "scenario"]):
         g = g.set_index("metric")
         cells = []
@@ -136,8 +135,10 @@ def avg_markdown(long: pd.DataFrame, title: str) -> str:
             cells += [f"{r['ours']:.2f}" + (f" ± {r['std']:.2f}" if r["seeds"] > 1 else ""),
                       f"{r['paper']:.2f}" if pd.notna(r["paper"]) else "",
                       f"{round(r['delta'], 2) or 0.0:+.2f}" if pd.notna(r["delta"]) else ""]
-        lines.append(f"| {method} | {scen} | " + " | ".join(cells) + f" | {int(g['seeds'].max())} |")
-    return "\n".join(lines) + "\n"
+        rows.append([method, scen, *cells, int(g["seeds"].max())])
+    head = ["method", "scenario"] + [f"{m.upper()} {w}" for m in METRICS for w in ("ours", "paper", "Δ")] + ["seeds"]
+    return [f"### {title}", "", "Percent; ours = mean ± std over seeds (a spread, not a confidence interval); "
+            "Δ = ours - paper.", "", Table(head, rows, align="ll" + "r" * (len(head) - 2)).text()]
 
 
 def h2l_section(df: pd.DataFrame, report_cfg: Dict, out_dir: Path, last_k: int = 3,
@@ -155,8 +156,8 @@ def h2l_section(df: pd.DataFrame, report_cfg: Dict, out_dir: Path, last_k: int =
         long, _ = table2(s, published)
         long.to_csv(Path(out_dir) / f"h2l_table__{struct}.csv", index=False)
         rules = sorted(s["rule"].str.replace(r"@\d+", "", regex=True).unique())
-        md.append(avg_markdown(long, f"FedH2L Table II, Avg over nodes: {struct} (model: {', '.join(rules)})"))
-        md.append(to_markdown(long, f"FedH2L Table II-style ACC / WDP / CDP: {struct} (model: {', '.join(rules)})"))
+        md += avg_markdown(long, f"FedH2L Table II, Avg over nodes: {struct} (model: {', '.join(rules)})")
+        md += to_markdown(long, f"FedH2L Table II-style ACC / WDP / CDP: {struct} (model: {', '.join(rules)})")
     if missing:
         md.append("Published tables not found: " + ", ".join(missing) + "\n")
     return md

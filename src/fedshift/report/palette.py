@@ -1,24 +1,21 @@
-"""One colour per method in every figure of a report: the colour depends on the method's name only.
+"""One colour per method in every figure of a report, from a qualitative palette in the grid's method order.
 
-The papers' methods take fixed slots of a 40-colour palette (matplotlib's tab10, then tab20's light
-shades, then tab20b: the first ten are the most distinct and go to the most common methods) in the
-order of :data:`KNOWN`; the greys of tab10 / tab20 are left out (grid lines, seed bands and the
-neutral text are grey: a grey method line read as background, and FedH2L's and IND's were two greys
-in one Table II figure); any other name (a variant, a plugin) takes a slot from a CRC32 of its name, so
-it too keeps its colour from figure to figure and from report to report.
+The grid's methods take the palette's colours in the order the grid lists them (``report.method_order``,
+written by :func:`fedshift.experiments.load_experiments`), so no two methods of one grid share a colour
+(up to :func:`palette`'s length) whatever their names: a plugin beside MOON, FedAvgM beside FedAvg. Rows the
+grid does not list (the report's ``base_pretrain``) follow, sorted. The palette is matplotlib's tab10 (the
+most distinct ten: the grid's first methods), then tab20's light shades, then tab20b, without their greys
+(grid lines, seed bands and neutral text are grey: a grey method line reads as background).
 """
 
 from __future__ import annotations
 
-import zlib
-from typing import Dict, Iterable, Tuple
+from typing import Dict, Iterable, Optional, Sequence, Tuple
 
-KNOWN = ("fedavg", "fccl_plus", "base_pretrain", "fedmd", "base", "fccl", "fedprox", "fedh2l", "fedmmd", "feddf",
-         "moon", "fedproc", "fedrs", "fedmatch", "rhfl", "fml", "rcfl", "ind", "agg", "fedfusion_single",
-         "fedfusion_multi", "fedfusion_conv", "l2", "solo", "moon_tau5", "moon_tau1", "fedh2l_async")
+Colour = Tuple[float, float, float, float]
 
 
-def _palette():
+def palette():
     from matplotlib import colormaps
 
     pal = ([colormaps["tab10"](i) for i in range(10)] + [colormaps["tab20"](i) for i in range(1, 20, 2)]
@@ -31,12 +28,17 @@ def _grey(colour) -> bool:
     return max(r, g, b) - min(r, g, b) < 0.02
 
 
-def method_colour(method: str) -> Tuple[float, float, float, float]:
-    pal = _palette()
-    name = str(method).split(" ")[0]  # "base (federated schedule)" is base
-    i = KNOWN.index(name) if name in KNOWN else len(KNOWN) + zlib.crc32(name.encode()) % (len(pal) - len(KNOWN))
-    return pal[i % len(pal)]
+def _name(method: str) -> str:
+    return str(method).split(" ")[0]  # "base (federated schedule)" is base
 
 
-def method_colours(methods: Iterable[str]) -> Dict[str, Tuple[float, float, float, float]]:
-    return {m: method_colour(m) for m in methods}
+def method_colours(methods: Iterable[str], order: Optional[Sequence[str]] = None) -> Dict[str, Colour]:
+    """method -> colour: a method of ``order`` (the grid's methods, in its order) takes the colour of its
+    position there, any other the next free colours in sorted order, so a method keeps its colour in every
+    figure of the report whatever subset a figure shows."""
+    methods = list(methods)
+    order = list(dict.fromkeys(order or []))
+    extra = sorted({_name(m) for m in methods} - set(order))
+    slots = {m: i for i, m in enumerate(order + extra)}
+    pal = palette()
+    return {m: pal[slots[_name(m)] % len(pal)] for m in methods}

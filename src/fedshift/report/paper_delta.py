@@ -8,7 +8,8 @@ summarised), :mod:`.claims` (the papers' claims), :mod:`.protocols` (each table'
 
 * Published numbers are data: ``params/papers/published/<paper>_<table>.csv``, one row per
   printed cell (columns in :data:`fedshift.report.published.COLUMNS`, contract in that folder's README). A grid names the
-  tables it reproduces under ``report.published``; ``report.published_scenarios`` maps an
+  tables it reproduces under ``report.published`` (a grid that names none has no paper delta, and the
+  papers' claims are not judged on its runs: its own claims are ``report.claims``, :mod:`.grid_claims`); ``report.published_scenarios`` maps an
   offline stand-in scenario to the published one (``{digits_offline: digits}``), and every
   comparison through that mapping is labelled *proxy* and compares the AVG only (a stand-in's
   domains are not the paper's, even where a name such as ``mnist`` agrees).
@@ -70,10 +71,10 @@ from ..errors import ConfigError
 from .claims import (MEANS_ONLY, NOT_MEANS_ONLY, NOT_RANKS_ONLY, RANKS_ONLY, evaluate_claims, group_kinds,
                      load_claims)
 from .delta_figures import delta_figure
-from .delta_markdown import cells_markdown, claims_markdown, interval_coverage, schedule_note, summary_markdown
+from .delta_markdown import cells_markdown, claims_markdown, schedule_note, summary_markdown
 from .frames import published_method_names, rename_published
 from .ours import aggregate, ours_long, value_source
-from .protocols import cell_margin, differences, load_protocols, margin_reason, protocols_path
+from .protocols import cell_margin, differences, load_protocols, margin_reason, protocols_path, run_values
 from .published import PublishedSpec, all_published, claims_path, load_published, published_inconsistencies, schedules
 from .stats import FALLBACK_TEST_IMAGES, MIN_N
 from .verdicts import NOT_COMPARABLE, compare, summarize
@@ -117,6 +118,8 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
     ``published_flags.csv`` into ``out_dir``; return the Markdown section."""
     out_dir = Path(out_dir)
     specs = [PublishedSpec.parse(e) for e in report_cfg.get("published", []) or []]
+    if not specs:  # a grid that reproduces no paper: no paper delta, and the papers' claims are not its own
+        return []
     scenario_map = dict(report_cfg.get("published_scenarios") or {})
     published = all_published(published_root)
     renamed = published_method_names(report_cfg)  # report.published_methods: our reading of a published row
@@ -131,7 +134,7 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
     md = ["## Paper delta", "",
           "Ours: mean over seeds ± the 95% confidence half-width (Student t, n − 1 degrees of freedom; n shown) of "
           f"{value_source(runs, last_k)}, rounded once; an interval beyond 0 or 100 is printed clipped as "
-          f"`mean [low, high]`. **What the intervals cover:** {interval_coverage(runs)} "
+          "`mean [low, high]`; what the intervals cover: the report's opening. "
           "Rounds to a target: a seed that never reaches it counts as its last round + 1 (`≥`: a lower bound), "
           "with `reached k/n`. **Proxy** sections (our scenario stands in for the published one; AVG cells only, "
           "its domains are not the paper's) state both schedules and give no verdicts. ⚑ = the printed value "
@@ -164,13 +167,17 @@ def delta_report(runs: pd.DataFrame, report_cfg: Mapping, out_dir: Path, last_k:
                     cells.at[i, "verdict"] = f"{NOT_COMPARABLE}: {differ[cells.at[i, 'ours_method']]}"
             g = cells.loc[g.index]
             label = f"{g['table'].iloc[0]}: {scen}" + (f" — PROXY: ours on {our}" if our != scen else "") + f" / {pubset} / {struct}"
+            grp = runs[(runs["scenario"] == our) & (runs["public"] == pubset) & (runs["structure"] == struct)]
+            ours_tp = run_values(grp, our)["test_protocol"] if len(grp) else ["clean"]
+            label += (f" — test protocol: ours {' / '.join(ours_tp)}, the paper's "  # issue 47: every table says it
+                      f"{block.get('test_protocol') if block else 'not recorded'}")
             note = schedule_note(runs, spec.name, paper, our, pubset, struct, schedule_table)
             why = "" if proxy else margin_reason(block, std, g.loc[judged, "margin"], explicit)
-            md.append(cells_markdown(g, label, note, why, differ))
+            md += cells_markdown(g, label, note, why, differ)
         all_cells.append(cells)
         cells.to_csv(out_dir / f"delta__{spec.name}.csv", index=False)
         title = f"{cells['table'].iloc[0]}: ours vs published" + (" (proxy: other schedule)" if cells["proxy"].any() else "")
-        delta_figure(cells, out_dir / f"delta__{spec.name}.png", title)
+        delta_figure(cells, out_dir / f"delta__{spec.name}.png", title, report_cfg.get("method_order"))
         md.append(f"![delta](delta__{spec.name}.png)\n")
     if all_cells:
         summary = summarize(pd.concat(all_cells, ignore_index=True))

@@ -15,6 +15,8 @@ from typing import List, Mapping
 
 import pandas as pd
 
+from .tables import Table
+
 RUN = ["scenario", "public", "method", "structure", "seed"]
 
 
@@ -43,21 +45,18 @@ def records_section(report_cfg: Mapping, runs: pd.DataFrame) -> List[str]:
                   f"(package files' sha256 {here}).")
         md.append("")
         if len(archived):
-            md += ["| run | record | code |", "|---|---|---|"]
-            for r in archived.itertuples(index=False):
-                other = "" if here in str(r.code) else " — *other code*"
-                md.append(f"| {r.scenario}/{r.public}/{r.method}/{r.structure}/seed{int(r.seed)} | `{r.record}` | "
-                          f"{r.code}{other} |")
-            md.append("")
+            rows = [[f"{r.scenario}/{r.public}/{r.method}/{r.structure}/seed{int(r.seed)}", f"`{r.record}`",
+                     f"{r.code}" + ("" if here in str(r.code) else " — *other code*")]
+                    for r in archived.itertuples(index=False)]
+            md += [Table(["run", "record", "code"], rows, align="lll").text(), ""]
     rows = status.get("records") or []
     stale = [r for r in rows if r.get("state") == "stale"]
     unbuilt = [r for r in rows if r.get("state") == "current" and r.get("unbuilt_inputs")]
     if stale:
         md += [f"**Stale records, left out** ({len(stale)}): the grid now asks for other settings or other data "
-               "than these runs had; the workflow planned the runs again.", "", "| run | record | differs |",
-               "|---|---|---|"]
-        md += [f"| {r['kind']}/{r['run']} | `{r['record']}` | {r['why']} |" for r in stale]
-        md.append("")
+               "than these runs had; the workflow planned the runs again.", "",
+               Table(["run", "record", "differs"], [[f"{r['kind']}/{r['run']}", f"`{r['record']}`", r["why"]]
+                                                    for r in stale], align="lll").text(), ""]
     if unbuilt:
         md += [f"The data of {len(unbuilt)} record(s) is not built in this checkout, so their recorded data sha256 "
                "were not compared with a build (their configs were); `dvc repro` builds it.", ""]

