@@ -355,8 +355,8 @@ def test_ties_and_no_effect_are_per_parameter(tmp_path):
     rows = {r["parameter"]: r for r in table_rows([f])}
     assert rows["engine.lr"]["budget"] == rows["beta"]["budget"] == 4 * 3 * 1
     write_table(tmp_path / "tuned_in.csv", [f])
-    md = tuned_section({"tuned": {"table": str(tmp_path / "tuned_in.csv"), "budget": {}, "metric": "avg/val/acc"}},
-                       tmp_path)
+    md = "\n".join(tuned_section({"tuned": {"table": str(tmp_path / "tuned_in.csv"), "budget": {},
+                                            "metric": "avg/val/acc"}}, tmp_path)).splitlines()
     lr_row = next(l for l in md if "| engine.lr |" in l)
     beta_row = next(l for l in md if "| beta |" in l)
     assert "| 0.01 | 38.71 |" in lr_row and "tie" not in lr_row and "no effect" not in lr_row
