@@ -14,11 +14,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from helpers import pipeline_copy, tiny_grid
+from helpers import dry_run_dirs, pipeline_copy, tiny_grid
 from test_method_contract import _doc_plugin
 from test_plugins import _dist, _env, _kill_at_checkpoint, _run
 
-RUNS = "results/federate/rotmnist/photo_patches/{}/homo_lenet/seed0"
 
 
 @pytest.mark.slow
@@ -36,8 +35,9 @@ def test_fedavgm_from_extending_md_runs_resumes_and_is_reported_beside_fedavg(tm
     _run("git init -q .", root, env)
 
     # kill -9 FedAvgM's job once it has checkpointed a round; Snakemake records the failure
-    run_dir = root / RUNS.format("fedavgm")
-    _kill_at_checkpoint(f"snakemake --cores 1 {RUNS.format('fedavgm')}/metrics.json", root, env, run_dir, "fedavgm")
+    runs = {m: next(d for d in dry_run_dirs(root, env) if f"/{m}/" in d) for m in ("fedavg", "fedavgm")}  # issue 50
+    run_dir = root / runs["fedavgm"]
+    _kill_at_checkpoint(f"snakemake --cores 1 {runs['fedavgm']}/metrics.json", root, env, run_dir, "fedavgm")
 
     _run("snakemake --cores 2", root, env)  # the whole grid: FedAvgM resumes from its checkpoint, FedAvg runs beside it
     resumed = yaml.safe_load((run_dir / "metrics.json").read_text())["timings"]["resumed_after_rounds"]
@@ -45,7 +45,7 @@ def test_fedavgm_from_extending_md_runs_resumes_and_is_reported_beside_fedavg(tm
     assert not Path(f"{run_dir}.partial").exists()
 
     # the same protocol: both rows score the same model (eval_models) with the same weighting
-    cfgs = {m: yaml.safe_load((root / RUNS.format(m) / "config.yaml").read_text()) for m in ("fedavg", "fedavgm")}
+    cfgs = {m: yaml.safe_load((root / runs[m] / "config.yaml").read_text()) for m in ("fedavg", "fedavgm")}
     protocol = {m: (c["method_params"]["eval_models"], c["method_params"]["weighting"]) for m, c in cfgs.items()}
     assert protocol["fedavg"] == protocol["fedavgm"], protocol
     assert cfgs["fedavgm"]["method_params"]["beta"] == 0.9 and cfgs["fedavg"]["engine"] == cfgs["fedavgm"]["engine"]
