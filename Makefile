@@ -6,13 +6,14 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 export MLFLOW_DISABLE_TELEMETRY := true
+TICK_S ?= 30
 
 .PHONY: help demo test install data workflow clean lint bench
 
 help:  ## this list
 	@grep -E '^[a-z]+:.*## ' $(MAKEFILE_LIST) | sed -E 's/^([a-z]+):.*## /  make \1\t/' | expand -t 16
 
-install: $(STAMP)  ## create .venv/ and install the pinned stack (about 3.5 min; pip prints each package)
+install: $(STAMP)  ## create .venv/ and install the pinned stack (about 3.5 min; each package, then a line every 30 s)
 	@mkdir -p data  # data.dvc's folder (hand-supplied archives): git keeps no empty folder, and dvc repro needs it
 
 # --isolated ignores PIP_FIND_LINKS and user pip config: torch must come from PyPI (see README).
@@ -23,8 +24,15 @@ $(STAMP): requirements.lock pyproject.toml
 	       "downloads about 3 GB more (torch's CUDA libraries), and the test suite writes about 6 GB under /tmp:" \
 	       "the install may stop with 'No space left on device'" >&2; fi
 	@echo "installing the pinned stack into $(VENV)/ (requirements.lock; about 3.5 min on 2 cores, most of it torch)"
-	set -o pipefail; env -u PIP_FIND_LINKS $(PY) -m pip install --isolated --no-input --disable-pip-version-check \
-	  --progress-bar off -r requirements.lock | { grep --line-buffered -E '^(Collecting|Successfully installed)' | cut -c1-100 || true; }
+	@# pip prints nothing while it unpacks (torch's CUDA libraries: minutes): a line every $(TICK_S) s says it works
+	set -o pipefail; start=$$(date +%s); \
+	( while sleep $(TICK_S); do echo "  ... pip still installing: $$(( $$(date +%s) - start )) s so far"; done ) & tick=$$!; \
+	env -u PIP_FIND_LINKS $(PY) -m pip install --isolated --no-input --disable-pip-version-check \
+	  --progress-bar off -r requirements.lock \
+	  | $(PY) -u -c 'import re, sys; [print(l[:100].rstrip(), flush=True) for l in iter(sys.stdin.readline, "") \
+	                 if re.match("Collecting|Installing collected|Successfully installed", l)]'; \
+	rc=$$?; kill $$tick 2>/dev/null; wait $$tick 2>/dev/null; \
+	echo "pip: $$(( $$(date +%s) - start )) s"; exit $$rc
 	env -u PIP_FIND_LINKS $(PY) -m pip install --isolated --no-input --disable-pip-version-check -q --no-deps -e .
 	@touch $@
 

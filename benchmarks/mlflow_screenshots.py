@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import contextlib
 import json
 import os
 import select
@@ -66,6 +67,43 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+class ServerError(RuntimeError):
+    """``mlflow server`` exited or did not answer."""
+
+
+@contextlib.contextmanager
+def mlflow_server(root: Path):
+    """``mlflow server`` over ``root/mlflow.db`` (artifacts ``root/mlartifacts``) on a free 127.0.0.1 port, in its
+    own session; yields its base URL once ``/health`` answers; stopped (uvicorn workers too) on the way out."""
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
+                               f"sqlite:///{(root / 'mlflow.db').resolve()}",
+                               "--default-artifact-root", (root / "mlartifacts").resolve().as_uri(),
+                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
+                              env=dict(os.environ), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        for _ in range(240):
+            if server.poll() is not None:
+                raise ServerError(f"mlflow server exited with {server.returncode} before answering")
+            try:
+                urllib.request.urlopen(f"{base}/health", timeout=2)
+                break
+            except OSError:
+                time.sleep(0.5)
+        else:
+            raise ServerError("mlflow server did not answer within 120 s")
+        yield base
+    finally:
+        os.killpg(server.pid, signal.SIGTERM)  # the server's own session: uvicorn workers too
+        try:
+            server.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            os.killpg(server.pid, signal.SIGKILL)
+            server.wait()
 
 
 def find_chromium() -> str | None:
@@ -302,25 +340,13 @@ def main(argv=None) -> int:
     names = [r.info.run_name for r in runs]
     args.out.mkdir(parents=True, exist_ok=True)
 
-    port = free_port()
-    base = f"http://127.0.0.1:{port}"
-    server = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri", uri,
-                               "--default-artifact-root", (args.root / "mlartifacts").resolve().as_uri(),
-                               "--host", "127.0.0.1", "--port", str(port), "--workers", "1"],
-                              env=dict(os.environ), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL, start_new_session=True)
     browser = None
     try:
-        for _ in range(240):
-            if server.poll() is not None:
-                return fail(f"mlflow server exited with {server.returncode} before answering")
-            try:
-                urllib.request.urlopen(f"{base}/health", timeout=2)
-                break
-            except OSError:
-                time.sleep(0.5)
-        else:
-            return fail("mlflow server did not answer within 120 s")
+        server = mlflow_server(args.root)
+        base = server.__enter__()
+    except ServerError as exc:
+        return fail(str(exc))
+    try:
         eid = exp.experiment_id
         ids = [r.info.run_id for r in runs]
         exp_url = f"{base}/#/experiments/{eid}/runs?"
@@ -356,12 +382,7 @@ def main(argv=None) -> int:
     finally:
         if browser is not None:
             browser.close()
-        os.killpg(server.pid, signal.SIGTERM)  # the server's own session: uvicorn workers too
-        try:
-            server.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            os.killpg(server.pid, signal.SIGKILL)
-            server.wait()
+        server.__exit__(None, None, None)
     return 0
 
 

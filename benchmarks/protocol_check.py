@@ -45,12 +45,12 @@ def main() -> None:
     plan = load_experiments(Path(args.grid), Path(args.data_params), results=str(out), build="build")
     t0 = time.time()
     for job, cfg in plan.pretrain.items():
-        d = out / "pretrain" / job.path
+        d = out / "pretrain" / plan.folder(job)  # seed<k>-<identity>: the path the federate configs name
         if not (d / "metrics.json").exists():
             runner.run_pretrain(cfg, d)
     rows = []
     for job, cfg in plan.federate.items():
-        d = out / "federate" / job.path
+        d = out / "federate" / plan.folder(job)
         if not (d / "metrics.json").exists():
             runner.run_federate(cfg, d)
         m = json.loads((d / "metrics.json").read_text())

@@ -24,6 +24,14 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True)
+def _denormals_back_on():
+    """A run in this process (runner._setup_torch) turns flush-to-zero on for the whole process; put it back
+    after each test, or a later hypothesis test refuses to draw floats ("can't represent subnormal floats")."""
+    yield
+    torch.set_flush_denormal(False)
+
+
 @pytest.fixture(scope="session")
 def tiny_data(tmp_path_factory):
     """build/ with mnist5k, photo_patches, a small rotmnist partition and public set."""

@@ -100,3 +100,48 @@ def pipeline_copy(root, data=None, grid=None, link_src=False):
         os.symlink(repo / "src/fedshift", root / "src/fedshift")
         (root / "data").mkdir()
     return root
+
+
+def run_dir(root, slot, kind="federate"):
+    """The one finished-or-running run folder of ``slot`` (``rotmnist/photo_patches/fedavg/homo_lenet/seed0``)
+    under ``root/results/<kind>/``: ``<slot>-<identity>`` (issue 50); its ``.partial`` area is not counted."""
+    found = sorted(p for p in Path(root, "results", kind).glob(f"{slot}-*") if not p.name.endswith(".partial"))
+    assert len(found) == 1, f"{slot}: {found}"
+    return found[0]
+
+
+def planned_dir(root, slot, kind="federate", configfiles=()):
+    """``results/<kind>/<slot>-<identity>`` (relative) as the project in ``root`` plans it: its
+    params/experiments.yaml with ``configfiles`` merged over it as ``snakemake --configfile`` does, tune included
+    (a Snakemake target before the run; in-process, so the grid's methods must be registered here)."""
+    import os
+
+    from fedshift.experiments import load_experiments, snakemake_config
+    from fedshift.tune import plan_tune
+
+    root = Path(root)
+    here = os.getcwd()
+    os.chdir(root)  # the grid's relative paths (data params, results/) are the project's
+    try:
+        files = [root / "params/experiments.yaml", *(root / f for f in configfiles)]
+        exp = snakemake_config(files, workflow_config=root / "params/experiments.yaml", quiet=True)
+        data = exp.pop("data_params", None) or "params/data.yaml"
+        plan = load_experiments({k: v for k, v in exp.items() if k not in ("gpus_per_job", "threads_per_job")}, data)
+        plan_tune(exp, plan)
+    finally:
+        os.chdir(here)
+    jobs = plan.federate if kind == "federate" else plan.pretrain
+    (job,) = [j for j in jobs if j.path == slot]
+    return f"results/{kind}/{plan.folder(job)}"
+
+
+def dry_run_dirs(root, env=None, args=""):
+    """The federate run folders (``results/federate/<slot>-<identity>``) ``snakemake -n`` plans in ``root`` with
+    ``env`` (a plugin's methods registered in that environment only) and ``args``."""
+    import re
+    import subprocess
+
+    res = subprocess.run(f"snakemake -n --cores 1 {args}", cwd=root, env=env, shell=True, capture_output=True,
+                         text=True, timeout=600)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return sorted(set(re.findall(r"(results/federate/\S+?)/metrics\.json", res.stdout)))

@@ -227,9 +227,9 @@ def test_archive_grid_skips_unfinished_and_other_settings_with_a_line_each(tmp_p
     results, root = tmp_path / "results", tmp_path / "records"
     jobs = list(plan.federate.items())
     (done_job, done_cfg), (other_job, other_cfg), (part_job, _) = jobs[0], jobs[1], jobs[2]
-    _fake_run(results / "federate" / done_job.path, done_cfg)
-    _fake_run(results / "federate" / other_job.path, {**other_cfg, "engine": {**other_cfg["engine"], "rounds": 500}})
-    (results / "federate" / f"{part_job.path}.partial").mkdir(parents=True)
+    _fake_run(results / "federate" / plan.folder(done_job), done_cfg)  # <slot>-<identity> (issue 50)
+    _fake_run(results / "federate" / plan.folder(other_job), {**other_cfg, "engine": {**other_cfg["engine"], "rounds": 500}})
+    (results / "federate" / f"{plan.folder(part_job)}.partial").mkdir(parents=True)
     out = io.StringIO()
     counts = archive.archive_grid(plan, tune, root, str(results), out=out)
     lines = out.getvalue().splitlines()

@@ -91,7 +91,9 @@ def test_grid_resolves_variants_and_scenario_overrides():
     # fccl starts from BASE checkpoints (shared: one pretrain job per participant/arch);
     # fccl_plus from scratch, as the FCCL+ code
     assert len(plan.pretrain) == 4
-    assert cfgs["fccl"]["paths"]["pretrained"][1] == "results/pretrain/rotmnist/m20/fedavg_cnn_mnist/seed0/model.pt"
+    m20 = next(c for j, c in plan.pretrain.items() if j.participant == "m20")
+    assert cfgs["fccl"]["paths"]["pretrained"][1] == \
+        f"results/pretrain/rotmnist/m20/fedavg_cnn_mnist/seed0-{m20['identity']}/model.pt"
     assert cfgs["fccl_plus"]["paths"]["pretrained"] is None
 
 

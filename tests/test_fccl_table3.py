@@ -47,7 +47,7 @@ def test_the_published_table_names_what_the_grid_runs(in_repo):
 
 def test_real_grid_plans_the_authors_protocol(in_repo):
     _, data, plan = _plan(REAL)
-    assert data == Path("params/papers/fccl_plus_data.yaml")  # the grid names its own data file
+    assert data == Path("params/papers/fccl_cvpr_data.yaml")  # the grid names its own data file (issue 47)
     assert len(plan.federate) == 24 and len(plan.needed_pretrain()) == 12  # 8 rows x 3 seeds; 4 SOLO x 3
     for job, cfg in plan.federate.items():
         assert (job.public, job.structure) == ("cifar100", "homo_resnet18") and job.seed in (0, 1, 2)
@@ -74,7 +74,7 @@ def test_data_not_built_is_one_line_naming_what_is_missing(in_repo, tmp_path):
     line = _data_not_built(plan, data)
     assert line is not None and "\n" not in line
     assert f"{tmp_path}/build/partitions/office_home" in line and f"{tmp_path}/build/public/cifar100" in line
-    assert "office_home under data/" in line and "params/papers/fccl_plus_data.yaml" in line
+    assert "office_home under data/" in line and "params/papers/fccl_cvpr_data.yaml" in line
     for f in ("partitions/office_home", "public/cifar100"):
         (tmp_path / "build" / f).mkdir(parents=True)
         (tmp_path / "build" / f / "manifest.json").write_text("{}")

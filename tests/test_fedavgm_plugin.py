@@ -17,11 +17,10 @@ import pytest
 import torch
 import yaml
 
-from helpers import pipeline_copy, tiny_grid
+from helpers import dry_run_dirs, pipeline_copy, tiny_grid
 from test_method_contract import _doc_plugin, _doc_scaffold
 from test_plugins import _dist, _env, _kill_at_checkpoint, _run
 
-RUNS = "results/federate/rotmnist/photo_patches/{}/homo_lenet/seed0"
 SCAFFOLD_SGD = {"method": "scaffold_plugin", "engine": {"optimizer": "sgd", "momentum": 0.0, "lr": 0.05}}
 
 
@@ -46,7 +45,7 @@ def test_doc_plugins_run_resume_bit_identically_and_report_under_one_protocol(tm
     _dist(site, "fedavgm", "fedshift.methods", {"fedavgm": "fedavgm:FedAvgM"}, {"fedavgm": fedavgm_code})
     _dist(site, "scaffold-plugin", "fedshift.methods", {"scaffold_plugin": "scaffold_plugin:Scaffold"},
           {"scaffold_plugin": scaffold_code})
-    env = _env(PYTHONPATH=str(site), FEDSHIFT_TRACKING="none")
+    env = _env(PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]), FEDSHIFT_TRACKING="none")
 
     grid = tiny_grid(methods=["fedavg", "fedavgm", "scaffold_sgd"], report={"title": "doc plugins"})
     grid["variants"] = {"scaffold_sgd": SCAFFOLD_SGD}  # SCAFFOLD declares plain SGD (validate refuses Adam)
@@ -59,8 +58,10 @@ def test_doc_plugins_run_resume_bit_identically_and_report_under_one_protocol(tm
     _run("git init -q .", root, env)
 
     # kill -9 the SCAFFOLD plugin's job once it has checkpointed a round; Snakemake records the failure
-    run_dir = root / RUNS.format("scaffold_sgd")
-    _kill_at_checkpoint(f"snakemake --cores 1 {RUNS.format('scaffold_sgd')}/metrics.json", root, env, run_dir,
+    planned = {m: next(d for d in dry_run_dirs(root, env) if f"/{m}/" in d)  # <slot>/seed0-<identity> (issue 50)
+               for m in ("fedavg", "fedavgm", "scaffold_sgd")}
+    run_dir = root / planned["scaffold_sgd"]
+    _kill_at_checkpoint(f"snakemake --cores 1 {planned['scaffold_sgd']}/metrics.json", root, env, run_dir,
                         "scaffold_sgd")
     _run("snakemake --cores 2", root, env)  # the whole grid: SCAFFOLD resumes, FedAvg and FedAvgM run beside it
     resumed = yaml.safe_load((run_dir / "metrics.json").read_text())["timings"]["resumed_after_rounds"]
@@ -91,7 +92,7 @@ def test_doc_plugins_run_resume_bit_identically_and_report_under_one_protocol(tm
     assert "| fedavgm |" in report and "| scaffold_sgd |" in report and "Mixed scoring protocols" not in report
 
     # FedAvgM acts under eval_models: local (its server step runs; before issue 49 `aggregate` did not)
-    runs = {m: root / RUNS.format(m) for m in ("fedavg", "fedavgm")}
+    runs = {m: root / planned[m] for m in ("fedavg", "fedavgm")}
     cfgs = {m: yaml.safe_load((d / "config.yaml").read_text()) for m, d in runs.items()}
     assert cfgs["fedavgm"]["method_params"]["beta"] == 0.9 and cfgs["fedavg"]["engine"] == cfgs["fedavgm"]["engine"]
     assert cfgs["fedavg"]["scoring"] == cfgs["fedavgm"]["scoring"]

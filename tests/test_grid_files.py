@@ -1,6 +1,7 @@
 """Issue 22 point 4: a paper grid names its own data file, and that file reaches the planned
 `dvc_repro` job, which stops with one line instead of building from another file."""
 
+import os
 import re
 import shutil
 import subprocess
@@ -33,15 +34,20 @@ def test_dvc_repro_job_carries_the_grids_data_file(tmp_path):
     text = res.stdout + res.stderr
     shell = text.split("rule dvc_repro:", 1)[1].split("Shell command:", 1)[1]
     shell = shell.split("\nReasons:", 1)[0].split("\nJob stats", 1)[0]
-    assert 'cmp -s "params/papers/fccl_plus_data.yaml" params/data.yaml' in shell
+    assert "fedshift dvc-repro --data params/papers/fccl_plus_data.yaml" in shell
+    assert "error" not in text  # Snakemake prints the command: no error text in it on a good run (issue 50)
     # run the planned command where params/data.yaml is the demo's: one line naming both files, no dvc run
     (tmp_path / "params/papers").mkdir(parents=True)
     shutil.copy(ROOT / "params/data.yaml", tmp_path / "params/data.yaml")
     shutil.copy(ROOT / "params/papers/fccl_plus_data.yaml", tmp_path / "params/papers/fccl_plus_data.yaml")
-    (tmp_path / "logs").mkdir()
+    fake = tmp_path / "bin"  # a dvc that fails loudly: the check must stop before it
+    fake.mkdir()
+    (fake / "dvc").write_text("#!/bin/sh\necho dvc ran >&2\nexit 9\n")
+    (fake / "dvc").chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake}:{Path(sys.executable).parent}:/usr/bin:/bin")
     run = subprocess.run(["bash", "-euo", "pipefail", "-c", shell], cwd=tmp_path, capture_output=True,
-                         text=True, timeout=30, env={"PATH": "/usr/bin:/bin"})  # no dvc on PATH: must not get there
-    assert run.returncode == 1
+                         text=True, timeout=60, env=env)
+    assert run.returncode == 2
     err = run.stderr.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("fedshift: error: this grid needs the data of "
                                                "params/papers/fccl_plus_data.yaml")
@@ -95,8 +101,10 @@ def test_table5_6_shares_table2s_fedh2l_run(monkeypatch):
     key = "rotmnist_a10/none/fedh2l/homo_lenet/seed0"
     t2 = load_experiments(snakemake_config(ROOT / "params/papers/fedh2l_table2.yaml"), ROOT / "params/data.yaml")
     t56 = load_experiments(snakemake_config(ROOT / "params/papers/fedh2l_table5_6.yaml"), ROOT / "params/data.yaml")
-    assert t56.federate_config(key) == t2.federate_config(key)
-    assert t56.federate_config(key)["engine"]["rounds"] == 10000
+    (j2,), (j56,) = ([j for j in plan.federate if j.path == key] for plan in (t2, t56))
+    assert t56.folder(j56) == t2.folder(j2)  # one run folder (its identity: the same settings)
+    assert t56.federate[j56] == t2.federate[j2]
+    assert t56.federate[j56]["engine"]["rounds"] == 10000
 
 
 def test_snakemake_refuses_an_overlay_alone_in_one_line():

@@ -23,7 +23,7 @@ def test_values_are_typed_as_in_a_grid_file(text, value):
 
 
 def test_overrides_set_nested_keys_create_mappings_and_index_lists():
-    grid = {"engine": {"rounds": 12, "lr": 0.01}, "grid": [{"methods": ["fedavg"], "seeds": [0]}]}
+    grid = {"engine": {"rounds": 12, "lr": 0.01}, "grid": [{"methods": ["fedavg", "fedprox"], "seeds": [0]}]}
     out = apply_overrides(grid, ["engine.rounds=3", "methods.fedprox.mu=0.1", "grid.0.seeds=[0, 1, 2]"])
     assert out["engine"] == {"rounds": 3, "lr": 0.01}
     assert out["methods"] == {"fedprox": {"mu": 0.1}}
@@ -45,6 +45,45 @@ def test_bad_overrides_fail_in_one_line_naming_the_key(item, message):
     assert message in str(err.value) and "\n" not in str(err.value)
 
 
+GRID = {"grid": [{"scenarios": ["rotmnist"], "methods": ["base", "fedavg", "avg_v"], "seeds": [0]}],
+        "variants": {"avg_v": {"method": "fedprox"}}}
+
+
+@pytest.mark.parametrize("item, message", [
+    # the README's own example on a grid without FedProx planned without a word (issue 50)
+    ("methods.fedmd.epochs=3", "override 'methods.fedmd.epochs=3': the grid runs no method 'fedmd', so methods.fedmd "
+                               "would change nothing; the grid's methods: base, fedavg, fedprox"),
+    ("methods.fedavgg.lr=3", "the grid runs no method 'fedavgg' (did you mean 'fedavg'?)"),
+    ("variants.avg_w.params={mu: 1}", "the grid runs no method 'avg_w' (did you mean 'avg_v'?), so variants.avg_w "
+                                      "would change nothing; the grid's methods: base, fedavg, avg_v"),
+    ("scenario_overrides.digits_offline.engine={rounds: 2}", "the grid runs no scenario 'digits_offline', so "
+     "scenario_overrides.digits_offline would change nothing; the grid's scenarios: rotmnist"),
+    ("scenario_overrides.rotmnist.methods.moon.mu=2", "the grid runs no method 'moon'"),
+])
+def test_overrides_of_what_the_grid_does_not_run_are_refused_in_one_line(item, message):
+    with pytest.raises(ConfigError) as err:
+        apply_overrides(GRID, [item])
+    assert message in str(err.value) and "\n" not in str(err.value)
+
+
+def test_overrides_of_what_the_grid_runs_pass_including_a_variants_base_method():
+    out = apply_overrides(GRID, ["methods.fedprox.mu=0.1", "variants.avg_v.engine={lr: 0.1}",
+                                 "scenario_overrides.rotmnist.methods.fedavg.weighting=uniform",
+                                 "grid.0.methods=[base, fedavg, avg_v, moon]", "methods.moon.mu=2"])  # the grid after all
+    assert out["methods"] == {"fedprox": {"mu": 0.1}, "moon": {"mu": 2}}
+
+
+def test_a_misspelt_key_of_a_method_the_grid_runs_names_the_valid_keys(project, monkeypatch, capsys):
+    monkeypatch.setattr(cli_grid, "_snakemake", lambda cmd: pytest.fail("snakemake started"))
+    assert cli.main(["run", "grid.1.methods=[fedavg, fedprox]", "methods.fedprox.muu=0.1"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("fedshift: error: methods.fedprox.muu: unknown key (did you mean 'mu'?); valid keys: eval_models, "
+                   "init, mu, weighting")
+    assert cli.main(["run", "engine.rounds=3", "methods.fedprox.mu=0.1"]) == 2  # the README's example, default grid
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "the grid runs no method 'fedprox'" in err[0] and "base, fedmd, feddf, fccl" in err[0]
+
+
 def test_snakemake_config_strings_are_typed_in_place():
     """Snakemake's --config engine='{rounds: 3, targets: [0.5]}' (YAML BaseLoader): all strings."""
     config = {"engine": {"rounds": "3", "lr": "1e-4", "device": "cpu", "targets": ["0.5"], "local_batch": 64},
@@ -64,9 +103,9 @@ def project(tmp_path, monkeypatch):
     return tmp_path
 
 
-def test_run_writes_the_merged_grid_and_execs_snakemake_on_it(project, monkeypatch, capsys):
+def test_run_writes_the_merged_grid_and_runs_snakemake_on_it(project, monkeypatch, capsys):
     seen = {}
-    monkeypatch.setattr(cli_grid.os, "execv", lambda exe, cmd: seen.update(exe=exe, cmd=cmd))
+    monkeypatch.setattr(cli_grid, "_snakemake", lambda cmd: seen.update(cmd=cmd) or 0)
     assert cli.main(["run", "engine.rounds=3", "methods.fccl_plus.omega=0.5", "--", "-n", "--cores", "1"]) == 0
     cmd = seen["cmd"]
     assert cmd[:3] == [sys.executable, "-m", "snakemake"] and cmd[3] == "--configfile" and cmd[5:] == ["-n", "--cores", "1"]
@@ -76,8 +115,23 @@ def test_run_writes_the_merged_grid_and_execs_snakemake_on_it(project, monkeypat
     assert "engine.rounds=3, methods.fccl_plus.omega=0.5 on params/experiments.yaml" in capsys.readouterr().err
 
 
+def test_run_says_where_the_report_went_and_returns_snakemakes_status(project, monkeypatch, capsys):
+    def snakemake(cmd):  # what a finished workflow leaves: the named grid's report
+        (project / "results/ablations/mine/report").mkdir(parents=True)
+        (project / "results/ablations/mine/report/report.md").write_text("# report")
+        return 0
+
+    monkeypatch.setattr(cli_grid, "_snakemake", snakemake)
+    assert cli.main(["run", "report.name=mine"]) == 0
+    err = capsys.readouterr().err
+    assert "fedshift run: report: results/ablations/mine/report/report.md" in err.splitlines()[-1]
+    assert err.count("fedshift: note:") == 0  # Snakemake prints the grid's notes; they were printed twice
+    monkeypatch.setattr(cli_grid, "_snakemake", lambda cmd: 1)
+    assert cli.main(["run", "report.name=mine"]) == 1 and "report:" not in capsys.readouterr().err
+
+
 def test_run_refuses_bad_input_before_snakemake(project, monkeypatch, capsys):
-    monkeypatch.setattr(cli_grid.os, "execv", lambda *a: pytest.fail("snakemake started"))
+    monkeypatch.setattr(cli_grid, "_snakemake", lambda *a: pytest.fail("snakemake started"))
     assert cli.main(["run", "engine.rouns=3"]) == 2  # checked against the dataclasses, as validate does
     assert "engine (base on rotmnist).rouns: unknown key (did you mean 'rounds'?)" in capsys.readouterr().err
     assert cli.main(["run", "nogrid.yaml"]) == 2

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from helpers import pipeline_copy, tiny_grid
+from helpers import dry_run_dirs, pipeline_copy, tiny_grid
 
 from fedshift.errors import ConfigError
 from fedshift.registry import Registry
@@ -166,7 +166,7 @@ def test_plugin_installed_by_pip_runs_through_snakemake_resumes_and_reports(tmp_
     site = tmp_path / "site"
     _run(f"{sys.executable} -m pip install -q --no-deps --no-build-isolation --no-index --target {site} {src}",
          tmp_path, _env())
-    env = _env(PYTHONPATH=str(site))
+    env = _env(PYTHONPATH=os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")]))  # the sources under test too
     from importlib import metadata
 
     (dist,) = metadata.distributions(path=[str(site)])  # what pip wrote: the entry point fedshift reads
@@ -181,7 +181,8 @@ def test_plugin_installed_by_pip_runs_through_snakemake_resumes_and_reports(tmp_
     _run("git init -q .", root, env)
 
     # kill -9 the plugin's job once it has checkpointed a round; Snakemake records the failure
-    run_dir = root / "results/federate/rotmnist/photo_patches/fedprox_adaptive/homo_lenet/seed0"
+    (planned,) = dry_run_dirs(root, env)  # results/federate/<slot>-<identity> (issue 50)
+    run_dir = root / planned
     _kill_at_checkpoint("snakemake --cores 1", root, env, run_dir, "fedprox_adaptive")
 
     _run("snakemake --cores 1", root, env)  # the same command again: the job resumes from its checkpoint

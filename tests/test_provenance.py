@@ -80,8 +80,8 @@ def test_pretrain_and_base_checkpoints_are_recorded(tiny_data, tmp_path):
     plan = load_experiments(exp, {"scenarios": {"rotmnist": {}}, "public": {"photo_patches": {}}},
                             results=str(tmp_path / "results"), build=str(tiny_data))
     for job, pcfg in plan.needed_pretrain().items():
-        runner.run_pretrain(pcfg, tmp_path / "results/pretrain" / job.path)
-        rec = provenance.read(tmp_path / "results/pretrain" / job.path)
+        runner.run_pretrain(pcfg, tmp_path / "results/pretrain" / plan.folder(job))
+        rec = provenance.read(tmp_path / "results/pretrain" / plan.folder(job))
         assert set(rec["inputs"]) == {"partition/rotmnist"}
     (cfg,) = plan.federate.values()
     runner.run_federate(cfg, tmp_path / "fed")

@@ -33,7 +33,7 @@ def test_pretrain_then_federate_from_base(tiny_data, tmp_path):
     plan = _configs(tiny_data)
     solo = {}
     for job, cfg in plan.pretrain.items():
-        out = tmp_path / "results/pretrain" / job.path
+        out = tmp_path / "results/pretrain" / plan.folder(job)  # seed<k>-<identity> (issue 50)
         m = runner.run_pretrain(cfg, out)
         assert (out / "model.pt").exists()
         solo[job.participant] = m["final"][f"{job.participant}/intra/top1"]

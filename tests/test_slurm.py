@@ -24,6 +24,7 @@ saying so otherwise. Takes about 4-5 minutes on 2 CPU cores.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
@@ -36,7 +37,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from helpers import pipeline_copy, tiny_data_params, tiny_grid
+from helpers import pipeline_copy, run_dir, tiny_data_params, tiny_grid
 
 pytestmark = pytest.mark.slow
 
@@ -328,8 +329,8 @@ def run_and_cancel(project, cluster):
     out, _ = p.communicate(timeout=960)
     # Whether the cancelled job had written a round's checkpoint: then its rerun must resume from
     # it (the tiny job may be cancelled before its first round ends).
-    checkpointed = (project / "results/federate/rotmnist/photo_patches/fedmd/homo_lenet/seed0.partial"
-                    / "checkpoint.pt").exists()
+    checkpointed = any(p.exists() for p in (project / "results/federate/rotmnist/photo_patches/fedmd/homo_lenet")
+                       .glob("seed0-*.partial/checkpoint.pt"))
     return p.returncode, out, victim, checkpointed
 
 
@@ -374,8 +375,9 @@ def test_rerun_completes_and_every_job_completed_in_sacct(rerun, first_run, clus
         assert done["Comment"].str.contains(f"wildcards_rotmnist_photo_patches_{m}_homo_lenet_0").sum() == 1, m
     # The cancelled job's rerun resumed from its checkpoint (kept beside the output folder,
     # which Snakemake's clean-up of the failed job does not touch) when it had one.
-    log = (project / "logs/federate/rotmnist/photo_patches/fedmd/homo_lenet/seed0.log").read_text()
-    assert ("resuming federate/rotmnist/photo_patches/fedmd/homo_lenet/seed0 after round" in log) == first_run[3], log[-2000:]
+    (log,) = [p.read_text() for p in (project / "logs/federate/rotmnist/photo_patches/fedmd/homo_lenet").glob("seed0-*.log")]
+    assert (re.search(r"resuming federate/rotmnist/photo_patches/fedmd/homo_lenet/seed0-[0-9a-f]{12} after round", log)
+            is not None) == first_run[3], log[-2000:]
 
 
 def _assert_memory_held(cluster, jobids) -> None:
@@ -420,7 +422,7 @@ def test_collected_table_is_whole(rerun, project):
 
 
 def test_torch_threads_follow_allocation(rerun, project):
-    cfg = yaml.safe_load((project / "results/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed0/config.yaml")
+    cfg = yaml.safe_load((run_dir(project, "rotmnist/photo_patches/fedavg/homo_lenet/seed0") / "config.yaml")
                          .read_text())
     assert cfg["engine"]["threads"] == 1
 

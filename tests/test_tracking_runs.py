@@ -9,11 +9,12 @@ import pandas as pd
 import pytest
 
 
-def _cfg(method="fccl_plus", structure="demo_mixed", scenario="rotmnist", public="photo_patches", seed=0):
+def _cfg(method="fccl_plus", structure="demo_mixed", scenario="rotmnist", public="photo_patches", seed=0,
+         identity="0123456789ab"):
     wc = {"scenario": scenario, "public": public, "method": method, "structure": structure, "seed": seed}
-    return {"kind": "federate", "run_name": f"federate/{scenario}/{public}/{method}/{structure}/seed{seed}",
+    return {"kind": "federate", "run_name": f"federate/{scenario}/{public}/{method}/{structure}/seed{seed}-{identity}",
             "scenario": scenario, "public": public, "method": method, "base_method": method.split("_v")[0],
-            "structure": structure, "seed": seed, "wildcards": wc, "engine": {"rounds": 3}}
+            "structure": structure, "seed": seed, "wildcards": wc, "engine": {"rounds": 3}, "identity": identity}
 
 
 @pytest.fixture()
@@ -37,11 +38,11 @@ def test_display_names_are_short_and_unique_over_a_grid():
                                  ["photo_patches", "none"], [0, 1])
         names = [run_display_name(_cfg(*g)) for g in grid]
         assert len(set(names)) == len(names)
-        assert max(map(len, names)) <= 40
-    assert run_display_name(_cfg()) == "fccl_plus s0 demo_mixed photo_patches"
-    assert run_display_name(_cfg(public="none", seed=2)) == "fccl_plus s2 demo_mixed"
+        assert max(map(len, names)) <= 47  # 40 before the identity's 6 characters (issue 50)
+    assert run_display_name(_cfg()) == "fccl_plus s0 demo_mixed photo_patches 012345"
+    assert run_display_name(_cfg(public="none", seed=2, identity="fedcba987654")) == "fccl_plus s2 demo_mixed fedcba"
     pre = {"kind": "pretrain", "arch": "lenet", "participant": "m20", "scenario": "rotmnist", "seed": 1}
-    assert run_display_name(pre) == "lenet m20 s1"
+    assert run_display_name(pre) == "lenet m20 s1"  # a config planned before run identities: no suffix
 
 
 def test_experiments_carry_a_description_linking_the_headline_view_and_their_kind(store):
@@ -59,10 +60,14 @@ def test_experiments_carry_a_description_linking_the_headline_view_and_their_kin
     for exp in (fed, pre, rep):
         assert exp.tags["mlflow.experimentKind"] == "custom_model_development"  # MLflow 3: runs, not traces
     note = fed.tags["mlflow.note.content"]
-    assert note.startswith(f"**[Open the headline view](#/experiments/{fed.experiment_id}/runs?"
-                           "viewStateShareKey=fedshift-headline&workflowType=machine_learning)**")
-    assert "`table/AVG_inter`" in note and "rotmnist-pretrain" in note
-    assert "pretraining runs of scenario `rotmnist`" in pre.tags["mlflow.note.content"]
+    # the experiments list shows the raw text (plain words first), the runs page its first line rendered (the link)
+    first = note.split("\n")[0]
+    assert first.startswith("Federated runs of scenario rotmnist. **[Open the headline view]"
+                            f"(#/experiments/{fed.experiment_id}/runs?viewStateShareKey=fedshift-headline"
+                            "&workflowType=machine_learning)**")
+    assert "`table/AVG_inter`" in note and "rotmnist-pretrain" in note and "fedshift.identity" in note
+    assert pre.tags["mlflow.note.content"].startswith("SOLO/BASE pretraining runs of scenario rotmnist, ")
+    assert rep.tags["mlflow.note.content"].startswith("fedshift reports: one run per grid.")
     assert "report/main" in rep.tags["mlflow.note.content"]
 
 
@@ -76,8 +81,8 @@ def test_rerun_replaces_the_run_and_tags_every_wildcard(store):
             t.log_metrics({"avg/inter/top1": 0.5}, step=1)
     exp = client.get_experiment_by_name("rotmnist")
     live = client.search_runs([exp.experiment_id])
-    assert sorted(r.info.run_name for r in live) == ["fccl_plus s0 demo_mixed photo_patches",
-                                                     "fedavg s0 homo_lenet photo_patches"]
+    assert sorted(r.info.run_name for r in live) == ["fccl_plus s0 demo_mixed photo_patches 012345",
+                                                     "fedavg s0 homo_lenet photo_patches 012345"]
     run = next(r for r in live if r.data.tags["method"] == "fccl_plus")
     for k, v in cfg["wildcards"].items():
         assert run.data.tags[k] == str(v) and run.data.tags[f"wildcard.{k}"] == str(v)
@@ -86,6 +91,34 @@ def test_rerun_replaces_the_run_and_tags_every_wildcard(store):
 
     deleted = client.search_runs([exp.experiment_id], run_view_type=ViewType.DELETED_ONLY)
     assert [r.info.run_id for r in deleted] == [run.data.tags["fedshift.replaces"]]
+
+
+def test_two_settings_of_one_job_slot_are_two_live_runs_and_candidates_keep_out_of_the_headline_view(store):
+    """Issue 50: a second grid's run of the same slot with other settings is another run (its identity), not a
+    replacement; tuning candidates are kind `tune`, named with their values, in `<scenario>-tune`."""
+    from fedshift.tracking import job_run
+
+    root, client = store
+    for cfg in (_cfg(identity="aaaaaaaaaaaa"), _cfg(identity="bbbbbbbbbbbb")):
+        with job_run(cfg, "federate", root=root):
+            pass
+    exp = client.get_experiment_by_name("rotmnist")
+    live = client.search_runs([exp.experiment_id])
+    assert sorted(r.data.tags["fedshift.identity"] for r in live) == ["aaaaaaaaaaaa", "bbbbbbbbbbbb"]
+    assert sorted(r.info.run_name for r in live) == ["fccl_plus s0 demo_mixed photo_patches aaaaaa",
+                                                     "fccl_plus s0 demo_mixed photo_patches bbbbbb"]
+    cand = {**_cfg(method="fedavgm", structure="homo_lenet", seed=100, identity="cccccccccccc"),
+            "run_name": "tune/rotmnist/photo_patches/fedavgm/homo_lenet/c01234567/seed100-cccccccccccc",
+            "tune": {"candidate": "c01234567", "values": {"engine.lr": 0.01, "beta": 0.9}}}
+    with job_run(cand, "federate", root=root):  # the rule runs a candidate as `fedshift federate`
+        pass
+    assert len(client.search_runs([exp.experiment_id])) == 2  # not among the federated runs the tables compare
+    tune = client.get_experiment_by_name("rotmnist-tune")
+    (run,) = client.search_runs([tune.experiment_id])
+    assert run.info.run_name == "tune/fedavgm lr=0.01 beta=0.9 s100 homo_lenet photo_patches cccccc"
+    assert run.data.tags["fedshift.kind"] == "tune"
+    assert tune.tags["mlflow.note.content"].startswith("Tuning candidates of scenario rotmnist")
+    assert "mlflow.sharedViewState.fedshift-headline" not in tune.tags
 
 
 def test_headline_metric_is_the_report_tables_number():

@@ -155,12 +155,18 @@ def test_the_validation_winner_is_chosen_not_the_test_winner(relabelled, tmp_pat
     assert tests[1e-7] > tests[1e-3] + 0.05  # ... while the other is best on test (0.11 vs 0.02)
     assert chosen["chosen"] == {"engine.lr": 1e-3}
     (seeded,) = [c for j, c in plan.federate.items() if j.seed == 0]
-    assert seeded["tuned"]["file"].endswith("mnist5k_permuted/none/fedavg/homo_lenet/chosen.yaml")
+    (group,) = tp.groups
+    assert seeded["tuned"]["file"].endswith(f"mnist5k_permuted/none/fedavg/homo_lenet/chosen-{tp.group_id(group)}.yaml")
     path = tmp_path / "chosen.yaml"
     path.write_text(__import__("yaml").safe_dump(chosen))
     applied = tune.apply_chosen({**seeded, "tuned": {**seeded["tuned"], "file": str(path)}})
     assert applied["engine"]["lr"] == 1e-3 and applied["engine"]["rounds"] == 3
     assert applied["tuned"]["chosen"] == {"engine.lr": 1e-3}
+    # issue 50: the published config (chosen values applied) has the identity its folder was planned with
+    from fedshift.provenance import run_identity
+
+    assert run_identity(applied) == seeded["identity"] == run_identity(seeded)
+    assert seeded["run_name"].endswith(f"seed0-{seeded['identity']}")
 
 
 def _fake_candidate(root, cid, index, seed, values, score, diverged=False):
@@ -293,31 +299,72 @@ def test_report_states_selection_and_prints_the_tuned_table(tmp_path):
     assert "last 2 rounds: fedavg" in note and "best-validation round (select: best_val): fedh2l" in note
     assert "Tuned on the validation holdout (tuned.csv): fedavg" in note
     table = tmp_path / "tuned_in.csv"
-    pd.DataFrame([{"scenario": "s", "public": "none", "method": "fedavg", "structure": "st", "parameter": "engine.lr",
-                   "candidates": "0.001 0.01", "chosen": 0.01, "val_score": 55.0, "n_candidates": 2, "diverged": 0,
-                   "scores": "lr=0.001: 40.00; lr=0.01: 55.00"},
-                  {"scenario": "s", "public": "none", "method": "moon", "structure": "st", "parameter": "engine.lr",
-                   "candidates": "0.001 0.01 0.1", "chosen": 0.01, "val_score": 50.0, "n_candidates": 3, "diverged": 1,
-                   "scores": "lr=0.001: 40.00; lr=0.01: 50.00; lr=0.1: diverged"},
-                  {"scenario": "s", "public": "none", "method": "fedprox", "structure": "st", "parameter": "engine.lr",
-                   "candidates": "0.001 0.01 0.1", "chosen": 0.1, "val_score": 60.0, "n_candidates": 3, "diverged": 0,
-                   "scores": "lr=0.001: 40.00; lr=0.01: 50.00; lr=0.1: 60.00"}]
+    common = {"scenario": "s", "public": "none", "structure": "st", "parameter": "engine.lr", "rounds": 5, "seeds": "0",
+              "tied_values": 1, "no_effect": False}
+    pd.DataFrame([{**common, "method": "fedavg", "candidates": "0.001 0.01", "chosen": 0.01, "val_score": 55.0,
+                   "n_candidates": 2, "diverged": 0, "budget": 10, "scores": "lr=0.001: 40.00; lr=0.01: 55.00"},
+                  {**common, "method": "moon", "candidates": "0.001 0.01 0.1", "chosen": 0.01, "val_score": 50.0,
+                   "n_candidates": 3, "diverged": 1, "budget": 15, "scores": "lr=0.001: 40.00; lr=0.01: 50.00; lr=0.1: diverged"},
+                  {**common, "method": "fedprox", "candidates": "0.001 0.01 0.1", "chosen": 0.1, "val_score": 60.0,
+                   "n_candidates": 3, "diverged": 0, "budget": 15, "scores": "lr=0.001: 40.00; lr=0.01: 50.00; lr=0.1: 60.00"}]
                  ).to_csv(table, index=False)
     md = tuned_section({"tuned": {"table": str(table), "budget": {"rounds": 5, "seeds": [0], "patience": 2},
                                   "metric": "avg/val/acc"}}, tmp_path)
-    assert "## Tuned hyper-parameters" in md[0] and any("| engine.lr | 0.001 0.01 | 0.01 | 55.00 | 0 of 2 |" in l for l in md)
-    assert any("| moon | st | engine.lr | 0.001 0.01 0.1 | 0.01 | 50.00 | 1 of 3 | lr=0.001: 40.00; lr=0.01: 50.00; "
+    assert "## Tuned hyper-parameters" in md[0] and any("| engine.lr | 0.001 0.01 | 0.01 | 55.00 | 0 of 2 | 10 |" in l for l in md)
+    assert any("| moon | st | engine.lr | 0.001 0.01 0.1 | 0.01 | 50.00 | 1 of 3 | 15 | lr=0.001: 40.00; lr=0.01: 50.00; "
                "lr=0.1: diverged |" in l for l in md)
     # a winner on the range's edge is flagged (two candidates have no inside: not flagged)
     assert any("| fedprox | st | engine.lr | 0.001 0.01 0.1 | 0.1 (edge) |" in l for l in md)
     assert any(l.startswith("**Chosen at the edge of its range**") and "fedprox engine.lr." in l for l in md)
     assert not any("fedavg engine.lr" in l for l in md)
-    pd.DataFrame([{"scenario": "s", "public": "none", "method": "plugin", "structure": "st", "parameter": "engine.lr",
-                   "candidates": "0.001 0.01 0.1", "chosen": 0.01, "val_score": 10.52, "n_candidates": 3, "diverged": 0,
+    # issue 50: budgets compared per method, flagged when unequal (fedavg: 2 candidates, the others 3)
+    (warn,) = [l for l in md if l.startswith("**⚠ Unequal tuning budgets**")]
+    assert "fedavg 2 x 5 x 1 = 10, moon 3 x 5 x 1 = 15, fedprox 3 x 5 x 1 = 15" in warn
+    pd.DataFrame([{**common, "method": "plugin", "candidates": "0.001 0.01 0.1", "chosen": 0.01, "val_score": 10.52,
+                   "n_candidates": 3, "diverged": 0, "budget": 15, "tied_values": 2,
                    "scores": "lr=0.001: 9.90; lr=0.01: 10.52; lr=0.1: 10.52"}]).to_csv(table, index=False)
     md = tuned_section({"tuned": {"table": str(table), "budget": {}, "metric": "avg/val/acc"}}, tmp_path)
     assert any("| 0.01 (tie of 2: first listed) | 10.52 |" in l for l in md)  # a tie is said, not hidden
+    assert not any("Unequal tuning budgets" in l or "No effect" in l for l in md)
     assert (tmp_path / "tuned.csv").exists()
+
+
+def test_ties_and_no_effect_are_per_parameter(tmp_path):
+    """Issue 50: FedAvgM's lr read "tie of 2" where only beta was tied (lr 0.01: 38.71 for both betas, lr 0.03:
+    27.67 for both): lr is chosen by its score, beta is tied and changed no score; the report says so."""
+    import pandas as pd
+    import yaml
+
+    from fedshift.report.report import tuned_section
+    from fedshift.tune import no_effect, table_rows, tied_values, write_table
+
+    scores = {0.01: 0.3871, 0.03: 0.2767}
+    cands = [{"id": f"c{i}", "values": {"engine.lr": lr, "beta": beta}, "per_seed": {100: scores[lr]}, "status": "ok",
+              "score": scores[lr]} for i, (lr, beta) in enumerate((lr, b) for lr in (0.01, 0.03) for b in (0.5, 0.9))]
+    assert (tied_values(cands, "engine.lr"), tied_values(cands, "beta")) == (1, 2)
+    assert (no_effect(cands, "engine.lr"), no_effect(cands, "beta")) == (False, True)
+    # an effect in one group is an effect: beta 0.9 diverging at lr 0.03
+    cands_div = [dict(c, status="diverged", score=None) if c["values"] == {"engine.lr": 0.03, "beta": 0.9} else c
+                 for c in cands]
+    assert no_effect(cands_div, "beta") is False and tied_values(cands_div, "beta") == 2
+    assert no_effect(cands[:1], "beta") is False  # one value: nothing to say
+    chosen = {"scenario": "s", "public": "none", "method": "fedavgm", "structure": "homo_lenet", "metric": "avg/val/acc",
+              "rounds": 3, "patience": 1, "seeds": [100], "chosen": {"engine.lr": 0.01, "beta": 0.5},
+              "score": 0.3871, "candidate": "c0", "candidates": cands}
+    f = tmp_path / "chosen-x.yaml"
+    f.write_text(yaml.safe_dump(chosen))
+    rows = {r["parameter"]: r for r in table_rows([f])}
+    assert rows["engine.lr"]["budget"] == rows["beta"]["budget"] == 4 * 3 * 1
+    write_table(tmp_path / "tuned_in.csv", [f])
+    md = "\n".join(tuned_section({"tuned": {"table": str(tmp_path / "tuned_in.csv"), "budget": {},
+                                            "metric": "avg/val/acc"}}, tmp_path)).splitlines()
+    lr_row = next(l for l in md if "| engine.lr |" in l)
+    beta_row = next(l for l in md if "| beta |" in l)
+    assert "| 0.01 | 38.71 |" in lr_row and "tie" not in lr_row and "no effect" not in lr_row
+    assert "| 0.5 (tie of 2: first listed) (no effect) | 38.71 |" in beta_row
+    assert any(l.startswith("**No effect on any score:** fedavgm beta (s / homo_lenet)") for l in md)
+    assert pd.read_csv(tmp_path / "tuned.csv").set_index("parameter")["no_effect"].to_dict() == \
+        {"engine.lr": False, "beta": True}
 
 
 def test_a_rounds_table_says_which_rows_were_tuned_and_by_what_budget():
@@ -382,3 +429,25 @@ def test_a_global_metric_candidate_is_scored_on_pooled_validation(tiny_data, tmp
     ((key, cfg),) = tune.plan_tune(grid, plan, results=str(tmp_path / "results")).candidates.items()
     m = tune.run_candidate(cfg, tmp_path / key)
     assert 0.0 <= m["tune"]["score"] <= 1.0 and 1 <= m["tune"]["best_round"] <= m["tune"]["rounds_run"] <= 3
+
+
+def test_tuned_rows_carry_their_chosen_values_in_every_table():
+    """Issue 50: a 3x lr difference was invisible in the tables (one sentence named the tuned methods)."""
+    import pandas as pd
+
+    from fedshift.report import rounds
+    from fedshift.report.frames import tuned_values
+    from fedshift.report.report import to_markdown
+
+    runs = pd.DataFrame({"method": ["fedavg", "fedavg", "fedmd", "fedprox", "fedprox"],
+                         "tuned_values": ["lr=0.003", "lr=0.003", None, "lr=0.01 mu=0.1", "lr=0.03 mu=0.1"]})
+    tuned = tuned_values(runs)
+    assert tuned == {"fedavg": "lr=0.003", "fedmd": "", "fedprox": "lr=0.01 mu=0.1 / lr=0.03 mu=0.1"}
+    table = pd.DataFrame({"m0→": [50.0, 40.0], "AVG→": [50.0, 40.0], "seeds": [1, 1]}, index=["fedavg", "fedmd"])
+    md = to_markdown(table, "t", tuned=tuned).splitlines()
+    assert md[2].endswith("| seeds | tuned |") and md[4].endswith("| 1 | lr=0.003 |") and md[5].endswith("| 1 | no |")
+    assert "tuned" not in to_markdown(table, "t", tuned={"fedavg": "", "fedmd": ""})  # no tuned row: no column
+    rt = pd.DataFrame({"rounds_to/0.5": [3.0, 4.0], "reached/0.5": [1, 1], "reduce/0.5": [0.0, -33.3],
+                       "global/top1": [60.0, 55.0], "seeds": [1, 1]}, index=["fedavg", "fedmd"])
+    lines = rounds.to_markdown(rt, [0.5], "t", tuned=tuned).splitlines()
+    assert lines[2].endswith("| seeds | tuned |") and lines[4].endswith("| 1 | lr=0.003 |")

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from helpers import pipeline_copy
+from helpers import pipeline_copy, planned_dir
 from test_workflow import run
 
 pytestmark = pytest.mark.slow
@@ -35,16 +35,17 @@ def test_tune_then_run_end_to_end(tiny_data, tmp_path):
     (root / "data").mkdir()
     build.partition("mnist5k_permuted", {"mnist5k": tiny_data / "datasets/mnist5k"},
                     root / "build/partitions/mnist5k_permuted", DATA["scenarios"]["mnist5k_permuted"])
-    seeded_metrics = "results/federate/mnist5k_permuted/none/fedavg/homo_lenet/seed0/metrics.json"
-    targets = f"{seeded_metrics} results/tune/tuned.csv"
+    seeded_dir = planned_dir(root, "mnist5k_permuted/none/fedavg/homo_lenet/seed0")  # <slot>-<identity> (issue 50)
+    targets = f"{seeded_dir}/metrics.json results/tune/tuned.csv"
     run(f"FEDSHIFT_TRACKING=none snakemake --cores 2 {targets}", root)
     group = root / "results/tune/mnist5k_permuted/none/fedavg/homo_lenet"
-    chosen = yaml.safe_load((group / "chosen.yaml").read_text())
+    (chosen_file,) = group.glob("chosen-*.yaml")
+    chosen = yaml.safe_load(chosen_file.read_text())
     assert [c["values"]["engine.lr"] for c in chosen["candidates"]] == [0.001, 0.01]
     assert all(c["status"] == "ok" and 0 in c["per_seed"] for c in chosen["candidates"])
     best = max(chosen["candidates"], key=lambda c: c["score"])
     assert chosen["chosen"] == best["values"]
-    seeded = yaml.safe_load((root / "results/federate/mnist5k_permuted/none/fedavg/homo_lenet/seed0/config.yaml").read_text())
+    seeded = yaml.safe_load((root / seeded_dir / "config.yaml").read_text())
     assert seeded["engine"]["lr"] == chosen["chosen"]["engine.lr"] and seeded["engine"]["rounds"] == 2
     assert seeded["tuned"]["chosen"] == chosen["chosen"]
     tuned = pd.read_csv(root / "results/tune/tuned.csv")

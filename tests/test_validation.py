@@ -9,7 +9,7 @@ import yaml
 
 from fedshift.cli import main
 from fedshift.errors import ConfigError
-from fedshift.experiments import REPO_WORKFLOW_CONFIG, load_experiments, snakemake_config
+from fedshift.experiments import REPO_WORKFLOW_CONFIG, PretrainJob, load_experiments, snakemake_config
 from fedshift.models.structures import STRUCTURES
 
 DATA = {"scenarios": {"rotmnist": {}}, "public": {"photo_patches": {}}, "datasets": ["mnist5k", "photo_patches"]}
@@ -122,9 +122,11 @@ def test_fntd_less_fccl_plus_variant_loads_base_checkpoints_as_theta_star():
     plan = load_experiments(exp, DATA, results="R")
     cfgs = {c["method"]: c for c in plan.federate.values()}
     assert cfgs["fcclp_nofntd"]["method_params"]["init"] == "scratch"
+    pjs = [PretrainJob("rotmnist", p, a, 0) for p, a in zip(cfgs["fcclp_nofntd"]["participants"],
+                                                             cfgs["fcclp_nofntd"]["archs"])]
     assert cfgs["fcclp_nofntd"]["paths"]["pretrained"] == [
-        f"R/pretrain/rotmnist/{p}/{a}/seed0/model.pt"
-        for p, a in zip(cfgs["fcclp_nofntd"]["participants"], cfgs["fcclp_nofntd"]["archs"])]
+        f"R/pretrain/rotmnist/{pj.participant}/{pj.arch}/seed0-{plan.pretrain[pj]['identity']}/model.pt" for pj in pjs]
+    assert cfgs["fcclp_nofntd"]["base_runs"] == [plan.pretrain[pj]["identity"] for pj in pjs]  # in its identity
     assert cfgs["fccl_plus"]["paths"]["pretrained"] is None
 
 

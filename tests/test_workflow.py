@@ -20,7 +20,7 @@ import pytest
 import yaml
 
 from conftest import REPO
-from helpers import pipeline_copy, tiny_grid
+from helpers import pipeline_copy, planned_dir, run_dir, tiny_grid
 
 pytestmark = pytest.mark.slow
 
@@ -96,8 +96,11 @@ def test_mlflow_holds_every_run_with_metrics_and_artifacts(ran):
     kinds = sorted(r.data.tags["fedshift.kind"] for r in runs)
     assert kinds == ["federate"] * 4 + ["pretrain"] * 4
     assert len({r.info.run_name for r in runs}) == 8  # short names, one per job
-    fed = next(r for r in runs if r.info.run_name == "fccl_plus s0 homo_lenet photo_patches")
-    assert fed.data.tags["fedshift.run_key"] == "federate/rotmnist/photo_patches/fccl_plus/homo_lenet/seed0"
+    fed = next(r for r in runs if r.info.run_name.startswith("fccl_plus s0 homo_lenet photo_patches "))
+    folder = run_dir(root, "rotmnist/photo_patches/fccl_plus/homo_lenet/seed0")  # <slot>-<identity> (issue 50)
+    assert fed.data.tags["fedshift.run_key"] == f"federate/{folder.relative_to(root / 'results/federate')}"
+    assert folder.name.endswith(fed.data.tags["fedshift.identity"]) and fed.info.run_name.endswith(
+        fed.data.tags["fedshift.identity"][:6])
     assert fed.info.status == "FINISHED"
     # the tables' number is a metric; device and phase times are recorded
     assert 0 < fed.data.metrics["table/AVG_inter"] <= 100
@@ -139,14 +142,14 @@ def test_every_run_folder_records_the_current_manifests(ran):
         for name, path in rec["paths"].items():
             assert rec["inputs"][name] == sha256_file(root / path), (folder, name)
         assert "partition/rotmnist" in rec["inputs"] and len(rec["code"]["files_sha256"]) == 64
-    fccl = json.loads((root / "results/federate/rotmnist/photo_patches/fccl_plus/homo_lenet/seed0/inputs.json").read_text())
+    fccl = json.loads((run_dir(root, "rotmnist/photo_patches/fccl_plus/homo_lenet/seed0") / "inputs.json").read_text())
     assert sorted(fccl["inputs"]) == ["base/0", "base/1", "base/2", "base/3", "partition/rotmnist", "public/photo_patches"]
     import mlflow  # the MLflow run carries the same code version, and says whether the tree was dirty
 
     client = mlflow.MlflowClient(f"sqlite:///{root / 'mlflow.db'}")
     exp = client.get_experiment_by_name("rotmnist")
     (run,) = [r for r in client.search_runs([exp.experiment_id], max_results=100)
-              if r.data.tags["fedshift.run_key"].endswith("/fccl_plus/homo_lenet/seed0")]
+              if "/fccl_plus/homo_lenet/seed0-" in r.data.tags["fedshift.run_key"]]
     code = fccl["code"]
     assert run.data.tags["code.sha256"] == code["files_sha256"]
     assert run.data.tags["git.dirty"] == str(code["dirty"]).lower()
@@ -203,14 +206,16 @@ def test_command_line_overrides_plan_through_snakemake(project):
     so the module's grid is left alone) plus Snakemake's own `--config engine='{rounds: 1}'`, whose
     BaseLoader strings the workflow types: Snakemake plans exactly that one job, from a config with
     both (planning writes it; a dry run: the real job would add ~25 s and nothing this checks)."""
-    target = "results/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed7/metrics.json"
+    slot = "rotmnist/photo_patches/fedavg/homo_lenet/seed7"
     res = run("FEDSHIFT_TRACKING=none fedshift run grid.0.seeds=[7] grid.0.methods=[fedavg] report.name=cli "
-              f"-- -n --cores 1 {target} --config 'engine={{rounds: 1, lr: 1e-3}}'", project)
+              "-- -n --cores 1 --config 'engine={rounds: 1, lr: 1e-3}'", project)
     assert "grid.0.seeds=[7], grid.0.methods=[fedavg], report.name=cli on params/experiments.yaml: " \
            "0 pretrain and 1 federate jobs planned" in res.stderr
     planned = [l.strip() for l in res.stdout.splitlines() if l.strip().startswith("output: results/federate/")]
-    assert len(planned) == 1 and planned[0].startswith(f"output: {target},"), res.stdout[-2000:]
-    cfg = yaml.safe_load((project / "results/configs/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed7.yaml").read_text())
+    assert len(planned) == 1 and planned[0].startswith(f"output: results/federate/{slot}-"), res.stdout[-2000:]
+    (path,) = (project / "results/configs/federate").glob(f"{slot}-*.yaml")
+    cfg = yaml.safe_load(path.read_text())
+    assert planned[0].startswith(f"output: results/federate/{slot}-{cfg['identity']}/metrics.json")
     assert cfg["seed"] == 7 and cfg["engine"]["rounds"] == 1 and cfg["engine"]["lr"] == 0.001
     assert cfg["engine"]["local_batch"] == TINY_GRID["engine"]["local_batch"]  # the rest of the grid kept
 
@@ -278,126 +283,6 @@ def test_lint_is_clean():
     assert "Congratulations, your workflow is in a good condition!" in res.stdout + res.stderr
 
 
-def test_kill9_then_data_change_then_rerun_starts_afresh(ran):
-    """Issue 23 cases 1 and 8 through the real tools: `kill -9` of Snakemake stops its job (the
-    rule execs it with --die-with-parent; checkpoint kept, nothing published); the scenario's
-    seed changes and `dvc repro` rebuilds the partition; after `--unlock` the rerun does not
-    resume on the old partition: the job log says why, in one line. Runs last: it changes data."""
-    import signal
-    import time
-
-    root, _, _ = ran
-    grid = dict(TINY_GRID, engine=dict(TINY_GRID["engine"], rounds=200, checkpoint_min_s=0),
-                grid=[dict(TINY_GRID["grid"][0], methods=["fedavg"])])
-    (root / "long.yaml").write_text(yaml.safe_dump(grid))
-    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", MLFLOW_DISABLE_TELEMETRY="true", FEDSHIFT_TRACKING="none")
-    run_dir = root / "results/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed0"
-    partial = run_dir.parent / "seed0.partial"
-    smk = subprocess.Popen("exec snakemake --cores 1 --configfile long.yaml", cwd=root, env=env, shell=True,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 300
-    while not (partial / "checkpoint.pt").exists() and time.time() < deadline:
-        time.sleep(0.2)
-    assert (partial / "checkpoint.pt").exists(), "no checkpoint within 300 s"
-    smk.send_signal(signal.SIGKILL)
-    smk.wait()
-    time.sleep(5)  # the job got SIGTERM from the kernel (PR_SET_PDEATHSIG) and stopped
-    log = root / "logs/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed0.log"
-    assert "stopped by SIGTERM" in log.read_text(), log.read_text()[-2000:]
-    assert not (run_dir / "metrics.json").exists()  # nothing published behind the dead workflow
-    data = yaml.safe_load((root / "params/data.yaml").read_text())
-    data["scenarios"]["rotmnist"]["seed"] = 1
-    (root / "params/data.yaml").write_text(yaml.safe_dump(data))
-    run("dvc repro", root)
-    locked = run("FEDSHIFT_TRACKING=none snakemake --cores 1 --configfile long.yaml -n", root, check=False)
-    run("snakemake --unlock --configfile long.yaml", root)
-    res = run("FEDSHIFT_TRACKING=none snakemake --cores 1 --configfile long.yaml", root, check=False)
-    text = log.read_text()
-    assert "was trained on other data: partition/rotmnist sha256" in text, text[-3000:]
-    assert "resuming" not in text, text[-3000:]
-    assert res.returncode == 0, (locked.stdout + locked.stderr)[-2000:] + res.stderr[-3000:]
-
-
-def test_data_seed_run_redraws_each_seeds_partition(ran):
-    """engine.data_seed: run (issue 34 item 3): seeds 0 and 1 train on different private subsets, drawn by
-    the partition_seed rule with the run seed, and on different public subsets (public_seed rule, issue 47);
-    the runs read them and the report says what its intervals cover, from what the seeds redrew."""
-    import hashlib
-    import json
-
-    import numpy as np
-
-    root, _, _ = ran
-    grid = dict(TINY_GRID, engine=dict(TINY_GRID["engine"], rounds=1, data_seed="run"),
-                grid=[{"name": "ds", "scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": ["fedmd"],
-                       "structures": ["homo_lenet"], "seeds": [0, 1]}], report={"name": "ds", "title": "ds"})
-    (root / "ds.yaml").write_text(yaml.safe_dump(grid))
-    run("FEDSHIFT_TRACKING=none snakemake --cores 2 --configfile ds.yaml", root)
-    man = [root / f"build/partitions_seeded/rotmnist/seed{k}/manifest.json" for k in (0, 1)]
-    sha = [hashlib.sha256(m.read_bytes()).hexdigest() for m in man]
-    assert sha[0] != sha[1]
-    assert [json.loads(m.read_text())["params"]["seed"] for m in man] == [0, 1]
-    idx = [np.load(m.parent / "m0/private_index.npy") for m in man]
-    assert not np.array_equal(np.sort(idx[0]), np.sort(idx[1]))  # another private subset, not another order
-    for k in (0, 1):
-        cfg = yaml.safe_load((root / f"results/federate/rotmnist/photo_patches/fedmd/homo_lenet/seed{k}/config.yaml")
-                             .read_text())
-        assert cfg["paths"]["partition"].endswith(f"partitions_seeded/rotmnist/seed{k}")
-        assert cfg["paths"]["public"].endswith(f"public_seeded/photo_patches/seed{k}")  # issue 47: the public subset too
-    pub = [np.load(root / f"build/public_seeded/photo_patches/seed{k}/train_index.npy") for k in (0, 1)]
-    assert not np.array_equal(pub[0], pub[1])
-    report = (root / "results/ablations/ds/report/report.md").read_text()
-    assert ("each seed drew its own private subsets, labeled public seed sets, validation sets, test sets and public "
-            "subset (`data_seed: run`): the intervals cover that draw and training noise.") in report
-    assert set(pd.read_csv(root / "results/ablations/ds/collect/runs.csv")["data_seed"]) == {"run"}
-    assert "Nothing to be done" in run("snakemake -n --cores 1 --configfile ds.yaml", root).stdout
-
-
-def test_data_rebuilt_under_finished_runs_reruns_them_and_evaluate_refuses(ran, capsys, monkeypatch):
-    """Issue 38 cases 1 and 2 through the real tools: the partition is rebuilt by `dvc repro` and the
-    runs' files are newer than the new manifest (as for a job that finished after the rebuild):
-    Snakemake still reruns them (the data's hash is a rule param), collect leaves them out, and
-    `fedshift evaluate` refuses to score a run on a partition it was not trained on."""
-    import time
-
-    root, _, _ = ran
-    data = yaml.safe_load((root / "params/data.yaml").read_text())
-    data["scenarios"]["rotmnist"]["seed"] = 2
-    (root / "params/data.yaml").write_text(yaml.safe_dump(data))
-    run("dvc repro", root)
-    later = time.time() + 60  # every result newer than the rebuilt data, in the order the rules made them
-    for i, sub in enumerate(("configs", "pretrain", "federate", "collect", "report")):
-        for p in (root / "results" / sub).rglob("*"):
-            os.utime(p, (later + 10 * i, later + 10 * i))
-    dry = run("FEDSHIFT_TRACKING=none snakemake -n --cores 1", root).stdout
-    import re
-
-    assert re.search(r"\bfederate\s+4\n", dry) and re.search(r"\bpretrain\s+4\n", dry), dry[-3000:]
-    assert re.search(r"params have changed since last execution:\s+federate, pretrain", dry), dry[-3000:]
-    run_dir = "results/federate/rotmnist/photo_patches/fedmd/homo_lenet/seed0"
-    from fedshift.cli import main
-
-    monkeypatch.chdir(root)  # the command in-process (a second interpreter costs seconds); paths are the project's
-    assert main(["evaluate", run_dir]) == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and f"{run_dir} was trained on partition/rotmnist sha256" in err[0] and "--force" in err[0]
-    from fedshift.provenance import stale
-
-    why = stale(root / run_dir, base=root)  # what collect lists when it leaves the run out
-    assert why.startswith(f"{root / run_dir}: input partition/rotmnist (build/partitions/rotmnist/manifest.json)"), why
-
-
-def test_dvc_builds_only_what_the_grid_reads(project):
-    """Issue 35: the workflow's dvc_repro job names the partitions and public sets of the grid's jobs as
-    `dvc repro` targets (their datasets follow through dvc.yaml), not every stage of params/data.yaml."""
-    res = run("FEDSHIFT_TRACKING=none snakemake -n -p -f --cores 1 dvc_repro", project)
-    (line,) = [l.strip() for l in res.stdout.splitlines() if l.strip().startswith("dvc repro")]
-    scenarios = {s for b in TINY_GRID["grid"] for s in b["scenarios"]}
-    publics = {p for b in TINY_GRID["grid"] for p in b["public"]}
-    targets = line.split(">")[0].split()[2:]
-    assert sorted(targets) == sorted([f"partition@{s}" for s in scenarios] + [f"public@{p}" for p in publics]), line
-
-
 def job_counts(dry_run: str) -> dict:
     """The first "Job stats" table of a Snakemake dry run: rule -> count."""
     lines = dry_run[dry_run.index("Job stats:"):].splitlines()[3:]
@@ -450,3 +335,124 @@ def test_archive_then_report_from_records_without_training(ran, tmp_path):
     assert "records/main/federate/rotmnist/photo_patches/fedavg/homo_lenet/seed0" in collect_cmd
     status = json.loads((clone / "results/configs/archive-main.json").read_text())
     assert [r["run"] for r in status["records"] if r["state"] == "stale"] == ["rotmnist/photo_patches/fedmd/homo_lenet/seed0"]
+
+
+def test_kill9_then_data_change_then_rerun_starts_afresh(ran):
+    """Issue 23 cases 1 and 8 through the real tools: `kill -9` of Snakemake stops its job (the
+    rule execs it with --die-with-parent; checkpoint kept, nothing published); the scenario's
+    seed changes and `dvc repro` rebuilds the partition; after `--unlock` the rerun does not
+    resume on the old partition: the job log says why, in one line. Runs last: it changes data."""
+    import signal
+    import time
+
+    root, _, _ = ran
+    grid = dict(TINY_GRID, engine=dict(TINY_GRID["engine"], rounds=200, checkpoint_min_s=0),
+                grid=[dict(TINY_GRID["grid"][0], methods=["fedavg"])])
+    (root / "long.yaml").write_text(yaml.safe_dump(grid))
+    env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", MLFLOW_DISABLE_TELEMETRY="true", FEDSHIFT_TRACKING="none")
+    folder = root / planned_dir(root, "rotmnist/photo_patches/fedavg/homo_lenet/seed0", configfiles=["long.yaml"])
+    partial = folder.parent / f"{folder.name}.partial"
+    smk = subprocess.Popen("exec snakemake --cores 1 --configfile long.yaml", cwd=root, env=env, shell=True,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while not (partial / "checkpoint.pt").exists() and time.time() < deadline:
+        time.sleep(0.2)
+    assert (partial / "checkpoint.pt").exists(), "no checkpoint within 300 s"
+    smk.send_signal(signal.SIGKILL)
+    smk.wait()
+    time.sleep(5)  # the job got SIGTERM from the kernel (PR_SET_PDEATHSIG) and stopped
+    log = root / "logs" / folder.relative_to(root / "results").with_suffix(".log")
+    assert "stopped by SIGTERM" in log.read_text(), log.read_text()[-2000:]
+    assert not (folder / "metrics.json").exists()  # nothing published behind the dead workflow
+    data = yaml.safe_load((root / "params/data.yaml").read_text())
+    data["scenarios"]["rotmnist"]["seed"] = 1
+    (root / "params/data.yaml").write_text(yaml.safe_dump(data))
+    run("dvc repro", root)
+    locked = run("FEDSHIFT_TRACKING=none snakemake --cores 1 --configfile long.yaml -n", root, check=False)
+    run("snakemake --unlock --configfile long.yaml", root)
+    res = run("FEDSHIFT_TRACKING=none snakemake --cores 1 --configfile long.yaml", root, check=False)
+    text = log.read_text()
+    assert "was trained on other data: partition/rotmnist sha256" in text, text[-3000:]
+    assert "resuming" not in text, text[-3000:]
+    assert res.returncode == 0, (locked.stdout + locked.stderr)[-2000:] + res.stderr[-3000:]
+
+
+def test_data_seed_run_redraws_each_seeds_partition(ran):
+    """engine.data_seed: run (issue 34 item 3): seeds 0 and 1 train on different private subsets, drawn by
+    the partition_seed rule with the run seed, and on different public subsets (public_seed rule, issue 47);
+    the runs read them and the report says what its intervals cover, from what the seeds redrew."""
+    import hashlib
+    import json
+
+    import numpy as np
+
+    root, _, _ = ran
+    grid = dict(TINY_GRID, engine=dict(TINY_GRID["engine"], rounds=1, data_seed="run"),
+                grid=[{"name": "ds", "scenarios": ["rotmnist"], "public": ["photo_patches"], "methods": ["fedmd"],
+                       "structures": ["homo_lenet"], "seeds": [0, 1]}], report={"name": "ds", "title": "ds"})
+    (root / "ds.yaml").write_text(yaml.safe_dump(grid))
+    run("FEDSHIFT_TRACKING=none snakemake --cores 2 --configfile ds.yaml", root)
+    man = [root / f"build/partitions_seeded/rotmnist/seed{k}/manifest.json" for k in (0, 1)]
+    sha = [hashlib.sha256(m.read_bytes()).hexdigest() for m in man]
+    assert sha[0] != sha[1]
+    assert [json.loads(m.read_text())["params"]["seed"] for m in man] == [0, 1]
+    idx = [np.load(m.parent / "m0/private_index.npy") for m in man]
+    assert not np.array_equal(np.sort(idx[0]), np.sort(idx[1]))  # another private subset, not another order
+    read = pd.read_csv(root / "results/ablations/ds/collect/runs.csv").drop_duplicates("seed").set_index("seed")
+    for k in (0, 1):  # the grid's own folders (the module's other grids ran FedMD seed 0 with other settings)
+        cfg = yaml.safe_load((root / read.loc[k, "run_dir"] / "config.yaml").read_text())
+        assert cfg["paths"]["partition"].endswith(f"partitions_seeded/rotmnist/seed{k}")
+        assert cfg["paths"]["public"].endswith(f"public_seeded/photo_patches/seed{k}")  # issue 47: the public subset too
+    pub = [np.load(root / f"build/public_seeded/photo_patches/seed{k}/train_index.npy") for k in (0, 1)]
+    assert not np.array_equal(pub[0], pub[1])
+    report = (root / "results/ablations/ds/report/report.md").read_text()
+    assert ("each seed drew its own private subsets, labeled public seed sets, validation sets, test sets and public "
+            "subset (`data_seed: run`): the intervals cover that draw and training noise.") in report
+    assert set(pd.read_csv(root / "results/ablations/ds/collect/runs.csv")["data_seed"]) == {"run"}
+    assert "Nothing to be done" in run("snakemake -n --cores 1 --configfile ds.yaml", root).stdout
+
+
+def test_data_rebuilt_under_finished_runs_reruns_them_and_evaluate_refuses(ran, capsys, monkeypatch):
+    """Issue 38 cases 1 and 2 through the real tools: the partition is rebuilt by `dvc repro` and the
+    runs' files are newer than the new manifest (as for a job that finished after the rebuild):
+    Snakemake still reruns them (the data's hash is a rule param), collect leaves them out, and
+    `fedshift evaluate` refuses to score a run on a partition it was not trained on."""
+    import time
+
+    root, _, _ = ran
+    data = yaml.safe_load((root / "params/data.yaml").read_text())
+    data["scenarios"]["rotmnist"]["seed"] = 2
+    (root / "params/data.yaml").write_text(yaml.safe_dump(data))
+    run("dvc repro", root)
+    later = time.time() + 60  # every result newer than the rebuilt data, in the order the rules made them
+    for i, sub in enumerate(("configs", "pretrain", "federate", "collect", "report")):
+        for p in (root / "results" / sub).rglob("*"):
+            os.utime(p, (later + 10 * i, later + 10 * i))
+    dry = run("FEDSHIFT_TRACKING=none snakemake -n --cores 1", root).stdout
+    import re
+
+    assert re.search(r"\bfederate\s+4\n", dry) and re.search(r"\bpretrain\s+4\n", dry), dry[-3000:]
+    assert re.search(r"params have changed since last execution:\s+federate, pretrain", dry), dry[-3000:]
+    folder = str(run_dir(root, "rotmnist/photo_patches/fedmd/homo_lenet/seed0").relative_to(root))
+    from fedshift.cli import main
+
+    monkeypatch.chdir(root)  # the command in-process (a second interpreter costs seconds); paths are the project's
+    assert main(["evaluate", folder]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"{folder} was trained on partition/rotmnist sha256" in err[0] and "--force" in err[0]
+    from fedshift.provenance import stale
+
+    why = stale(root / folder, base=root)  # what collect lists when it leaves the run out
+    assert why.startswith(f"{root / folder}: input partition/rotmnist (build/partitions/rotmnist/manifest.json)"), why
+
+
+def test_dvc_builds_only_what_the_grid_reads(project):
+    """Issue 35: the workflow's dvc_repro job names the partitions and public sets of the grid's jobs as
+    `dvc repro` targets (their datasets follow through dvc.yaml), not every stage of params/data.yaml."""
+    res = run("FEDSHIFT_TRACKING=none snakemake -n -p -f --cores 1 dvc_repro", project)
+    (line,) = [l.strip() for l in res.stdout.splitlines() if "fedshift dvc-repro" in l]
+    scenarios = {s for b in TINY_GRID["grid"] for s in b["scenarios"]}
+    publics = {p for b in TINY_GRID["grid"] for p in b["public"]}
+    targets = line.split(" -- ", 1)[1].split()
+    assert "error" not in res.stdout + res.stderr  # the printed command holds no error text (issue 50)
+    assert sorted(targets) == sorted([f"partition@{s}" for s in scenarios] + [f"public@{p}" for p in publics]), line

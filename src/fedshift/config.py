@@ -150,6 +150,12 @@ def flatten(d: Mapping[str, Any], prefix: str = "", sep: str = ".") -> Dict[str,
     return out
 
 
+def values_text(values: Mapping[str, Any]) -> str:
+    """``lr=0.01 beta=0.9``: tuned values (a tuning candidate's, or a tune's choice) as one short phrase,
+    ``engine.`` dropped: MLflow run names and tags, the report's ``tuned`` column (issue 50)."""
+    return " ".join(f"{str(k).replace('engine.', '')}={v}" for k, v in values.items())
+
+
 # ------------------------------------------------------------------------- YAML with bounded aliases
 YAML_MIN_NODES = 100_000  # expanded values any file may hold; past it, at most 10x its distinct values
 

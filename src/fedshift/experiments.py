@@ -154,11 +154,13 @@ def user_methods_win(merged: Mapping, own: Mapping) -> Tuple[dict, List[str]]:
     return out, notes
 
 
-def snakemake_config(configfile, workflow_config: Path = WORKFLOW_CONFIG, replace: bool = False) -> dict:
+def snakemake_config(configfile, workflow_config: Path = WORKFLOW_CONFIG, replace: bool = False,
+                     quiet: bool = False) -> dict:
     """The config ``snakemake --configfile <configfile ...>`` runs with: the Snakefile's
     ``params/experiments.yaml`` with each ``configfile`` merged over it in order (``replace``:
     the ``--replace-workflow-config`` flag, the files alone). A file that is an overlay of
-    another (``overlay_of``) must come after it (:func:`check_overlays`)."""
+    another (``overlay_of``) must come after it (:func:`check_overlays`). ``quiet``: the notes of
+    :func:`user_methods_win` are not printed (``fedshift run``: Snakemake prints them when it plans)."""
     files = [Path(configfile)] if isinstance(configfile, (str, Path)) else [Path(f) for f in configfile]
     docs = [load_yaml(f) for f in files]  # each file read once
     for f, doc in zip(files, docs):
@@ -172,7 +174,7 @@ def snakemake_config(configfile, workflow_config: Path = WORKFLOW_CONFIG, replac
     if replace or same or not Path(workflow_config).exists():
         return own
     merged, notes = user_methods_win(deep_merge(load_yaml(workflow_config), own), own)
-    for note in notes:
+    for note in [] if quiet else notes:
         print(f"fedshift: note: {note}", file=sys.stderr)
     merged["report"] = deep_merge({}, own.get("report") or {})  # a user grid reports only what it names
     return merged
@@ -278,6 +280,17 @@ class PretrainJob:
         return f"{self.scenario}/{self.participant}/{self.arch}/seed{self.seed}"
 
 
+def name_run(cfg: dict, kind: str, job_path: str) -> dict:
+    """Set ``cfg``'s ``identity`` (:func:`fedshift.provenance.run_identity`) and its ``run_name``
+    ``<kind>/<job path>-<identity>``: the run folder under ``results/`` (issue 50). Call it again after
+    changing the config (the tune marks seeded configs after planning)."""
+    from .provenance import run_folder, run_identity
+
+    cfg["identity"] = run_identity(cfg)
+    cfg["run_name"] = f"{kind}/{run_folder(job_path, cfg['identity'])}"
+    return cfg
+
+
 @dataclass
 class Plan:
     federate: Dict[FederateJob, dict] = field(default_factory=dict)  # job -> resolved config
@@ -308,11 +321,27 @@ class Plan:
         all as inputs)."""
         return dict(self.pretrain)
 
-    def federate_config(self, path: str) -> dict:
+    def folder(self, job) -> str:
+        """The job's run folder under ``results/federate/`` or ``results/pretrain/``: ``<job path>-<identity>``
+        (``rotmnist/photo_patches/fedavg/homo_lenet/seed0-1a2b3c4d5e6f``), so two grids that set a method
+        differently never share one (issue 50)."""
+        from .provenance import run_folder
+
+        cfg = self.federate[job] if isinstance(job, FederateJob) else self.pretrain[job]
+        return run_folder(job.path, cfg["identity"])
+
+    def federate_config(self, folder: str) -> dict:
+        """The config of the federated job whose run folder is ``folder`` (:meth:`folder`)."""
         for job, cfg in self.federate.items():
-            if job.path == path:
+            if self.folder(job) == folder:
                 return cfg
-        raise KeyError(path)
+        raise KeyError(folder)
+
+    def pretrain_config(self, folder: str) -> dict:
+        for job, cfg in self.pretrain.items():
+            if self.folder(job) == folder:
+                return cfg
+        raise KeyError(folder)
 
 
 def _merge(*dicts: Optional[Mapping]) -> dict:
@@ -517,28 +546,33 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
             for part, arch in zip(participants, archs):
                 pj = PretrainJob(s, part, arch, seed)
                 if wants_pretrain and pj not in plan.pretrain:
-                    plan.pretrain[pj] = {
-                        "kind": "pretrain", "run_name": f"pretrain/{pj.path}", "scenario": s, "participant": part,
-                        "arch": arch, "seed": seed, "pretrain": to_dict(pre),
+                    # data_seed: which partition the run reads (paths are left out of its identity)
+                    plan.pretrain[pj] = name_run({
+                        "kind": "pretrain", "scenario": s, "participant": part,
+                        "arch": arch, "seed": seed, "data_seed": eng.data_seed, "pretrain": to_dict(pre),
                         **({"test_protocol": draw.test_protocol} if draw.test_protocol != "clean" else {}),
                         "paths": {"partition": part_dir}, "wildcards": pj.wildcards,
-                    }
+                    }, "pretrain", pj.path)
+            base_runs = None
             if cls.needs_base(mparams):
-                pretrained = [f"{results}/pretrain/{PretrainJob(s, p, a, seed).path}/model.pt"
-                              for p, a in zip(participants, archs)]
+                pjs = [PretrainJob(s, p, a, seed) for p, a in zip(participants, archs)]
+                pretrained = [f"{results}/pretrain/{plan.folder(pj)}/model.pt" for pj in pjs]
+                base_runs = [plan.pretrain[pj]["identity"] for pj in pjs]  # what its BASE checkpoints are
             cfg = {
-                "kind": "federate", "run_name": f"federate/{job.path}", "scenario": s, "public": pub,
+                "kind": "federate", "scenario": s, "public": pub,
                 "method": m, "base_method": base_method, "structure": st, "seed": seed,
                 "participants": participants, "archs": list(archs),
                 "method_params": to_dict(mparams), "engine": to_dict(eng), "scoring": to_dict(scoring),
             }
+            if base_runs:
+                cfg["base_runs"] = base_runs
             if draw.test_protocol != "clean":  # absent = clean (the shared contract of issue 47)
                 cfg["test_protocol"] = draw.test_protocol
             if draw.redrawn:  # what this seed drew anew: the report's "what the intervals cover"
                 cfg["data_draw"] = {"redrawn": list(draw.redrawn)}
             cfg["paths"] = {"partition": part_dir, "public": draw.public, "pretrained": pretrained}
             cfg["wildcards"] = job.wildcards
-            plan.federate[job] = cfg
+            plan.federate[job] = name_run(cfg, "federate", job.path)
     ran = {j.method for j in plan.federate} | {"base_pretrain"}  # base_pretrain: the collect rule's SOLO/BASE row
     for i, spec in enumerate((exp.get("report") or {}).get("tables") or []):
         unknown = [m for m in (spec or {}).get("methods", []) if m not in ran]
@@ -556,6 +590,19 @@ def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
     # the grid's methods in its order: the report's table rows and figure colours (report/palette.py)
     plan.report["method_order"] = list(dict.fromkeys(j.method for j in plan.federate))
     return plan
+
+
+def results_root(report_cfg: Optional[Mapping], results: str = "results") -> str:
+    """Where a grid's collect and report land: ``results`` for the main grid, ``results/ablations/<name>``
+    for a named one (``report.name``)."""
+    name = (report_cfg or {}).get("name")
+    return f"{results}/ablations/{name}" if name else results
+
+
+def planned_folders(plan: Plan, results: str = "results") -> set:
+    """Every run folder the grid asks for: ``results/federate/<folder>`` and ``results/pretrain/<folder>``."""
+    return ({f"{results}/federate/{plan.folder(j)}" for j in plan.federate}
+            | {f"{results}/pretrain/{plan.folder(j)}" for j in plan.pretrain})
 
 
 def check_comparison(report: Mapping, ran, scenarios) -> None:
@@ -633,8 +680,10 @@ def check_built_data(configs, data_params: Path | Mapping, build: str = "build")
             continue
         key, built, asked = diff
         if seed is not None:
-            fix = (f"remove {folder}: the workflow's partition_seed / partition_protocol / public_seed rule redraws "
-                   f"it from {shown}")
+            parent = Path(folder).parent.parent.name  # partitions_seeded | partitions_<protocol> | public_seeded
+            rule = ("public_seed" if parent.startswith("public") else
+                    "partition_seed" if parent == "partitions_seeded" else "partition_protocol")
+            fix = f"remove {folder}: the workflow's {rule} rule redraws it from {shown}"
         elif shown == "params/data.yaml":
             fix = "run `dvc repro` to rebuild it"
         else:
@@ -663,11 +712,11 @@ def write_configs(plan: Plan, results: str = "results") -> Tuple[Dict[FederateJo
     """Write every resolved config under ``<results>/configs``; return job -> path."""
     fed, pre = {}, {}
     for job, cfg in plan.pretrain.items():
-        p = f"{results}/configs/pretrain/{job.path}.yaml"
+        p = f"{results}/configs/pretrain/{plan.folder(job)}.yaml"
         write_if_changed(Path(p), dump_config(cfg))
         pre[job] = p
     for job, cfg in plan.federate.items():
-        p = f"{results}/configs/federate/{job.path}.yaml"
+        p = f"{results}/configs/federate/{plan.folder(job)}.yaml"
         write_if_changed(Path(p), dump_config(cfg))
         fed[job] = p
     return fed, pre

@@ -92,7 +92,51 @@ def apply_overrides(config: Mapping, items: Sequence[str]) -> dict:
             node[last] = value
         else:
             raise ConfigError(f"override {item!r}: {'.'.join(parts[:-1])} is {node!r}, not a mapping")
+    check_targets(out, items)
     return out
+
+
+def _grid_names(config: Mapping) -> Tuple[List[str], List[str], List[str]]:
+    """(method labels, their base methods, scenarios) the grid's blocks run (unvalidated: read with care)."""
+    blocks = [b for b in (config.get("grid") or []) if isinstance(b, Mapping)]
+    labels = list(dict.fromkeys(m for b in blocks for m in (b.get("methods") or []) if isinstance(m, str)))
+    variants = config.get("variants") if isinstance(config.get("variants"), Mapping) else {}
+    bases = list(dict.fromkeys(str((variants.get(m) or {}).get("method", m)) if isinstance(variants.get(m), Mapping)
+                               else m for m in labels))
+    scenarios = list(dict.fromkeys(s for b in blocks for s in (b.get("scenarios") or []) if isinstance(s, str)))
+    return labels, bases, scenarios
+
+
+def check_targets(config: Mapping, items: Sequence[str]) -> None:
+    """Refuse, in one line, a command-line override of a method, variant or scenario that ``config`` (the grid
+    after every override) does not run: it would change nothing (issue 50; the README's own
+    ``methods.fedprox.mu=0.1`` on a grid without FedProx planned without a word). ``items``: ``KEY=VALUE``
+    or dotted keys (``coerce_cli_strings``' list for ``snakemake --config``). A misspelt key of a method the
+    grid runs is refused by the planner with did-you-mean (the Params dataclass)."""
+    import difflib
+
+    labels, bases, scenarios = _grid_names(config)
+    for item in items:
+        parts = item.partition("=")[0].strip().split(".")
+
+        def refuse(name: str, valid: List[str], kind: str, key: str) -> None:
+            if name in valid:
+                return
+            close = difflib.get_close_matches(name, valid, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ConfigError(f"override {item!r}: the grid runs no {kind} {name!r}{hint}, so {key} would change "
+                              f"nothing; the grid's {kind}s: {', '.join(valid) or 'none'}")
+
+        if len(parts) < 2:
+            continue
+        if parts[0] == "methods":
+            refuse(parts[1], bases, "method", f"methods.{parts[1]}")
+        elif parts[0] == "variants":
+            refuse(parts[1], labels, "method", f"variants.{parts[1]}")
+        elif parts[0] == "scenario_overrides":
+            refuse(parts[1], scenarios, "scenario", f"scenario_overrides.{parts[1]}")
+            if len(parts) > 3 and parts[2] == "methods":
+                refuse(parts[3], bases, "method", f"scenario_overrides.{parts[1]}.methods.{parts[3]}")
 
 
 def _index(seq: list, part: str, where: str, item: str) -> int:

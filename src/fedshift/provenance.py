@@ -92,29 +92,63 @@ def tags(code: Mapping[str, object]) -> Dict[str, str]:
 
 
 # ------------------------------------------------------------------------- run identity
-# Keys of a resolved run config that only say how or where the job executes, not what it computes
-# (COORD contract, issue 50 owns the full version): left out of the identity, and out of the
-# archive's comparison of a record with what a grid asks now (fedshift.archive).
+# Keys of a resolved run config that only say how or where the job executes, not what it computes (the COORD
+# contract): left out of the identity, and out of the archive's comparison of a record with what a grid asks
+# now (fedshift.archive). ``paths``: where inputs are read (the project folder, build/ or results/ roots; the
+# data's content is named by other keys: the scenario, engine.data_seed, the BASE runs' identities).
 EXECUTION_KEYS = ("paths",)
 EXECUTION_SUBKEYS = {"engine": ("threads", "device", "checkpoint_every", "checkpoint_min_s", "tracking"),
                      "pretrain": ("threads", "device", "checkpoint_every", "tracking")}
+# Names derived from the settings (issue 50): the run's label, its Snakemake wildcards, its identity.
+NAMING_KEYS = ("run_name", "wildcards", "identity", "tracking")
+# a tuned run's config gets its chosen values at run time (fedshift.tune.apply_chosen); the tune that chooses
+# them (tuned.group: the identities of its candidates) names them, so the values and these records are left out
+TUNED_RUNTIME_KEYS = ("file", "chosen", "score", "candidate")
+IDENTITY_CHARS = 12
 
 
 def identity_config(cfg: Mapping[str, object]) -> Dict[str, object]:
-    """``cfg`` without the ``paths`` block and the execution-only keys (:data:`EXECUTION_SUBKEYS`)."""
-    out = {k: v for k, v in dict(cfg).items() if k not in EXECUTION_KEYS and k != "tracking"}
+    """What :func:`run_identity` hashes: ``cfg`` without :data:`EXECUTION_KEYS`, :data:`NAMING_KEYS` and the
+    execution-only keys of its ``engine`` / ``pretrain`` block (:data:`EXECUTION_SUBKEYS`: threads, device,
+    checkpoint cadence, tracking); for a tuned run without the values of the tuned parameters (``tuned.params``)
+    and the records :func:`fedshift.tune.apply_chosen` adds; for a tuning candidate without its position in
+    its list (``tune.index``)."""
+    import copy
+
+    out = copy.deepcopy({k: v for k, v in dict(cfg).items() if k not in EXECUTION_KEYS + NAMING_KEYS})
     for block, keys in EXECUTION_SUBKEYS.items():
         if isinstance(out.get(block), Mapping):
             out[block] = {k: v for k, v in dict(out[block]).items() if k not in keys}
+    tuned = out.get("tuned")
+    if isinstance(tuned, dict):
+        for key in TUNED_RUNTIME_KEYS:
+            tuned.pop(key, None)
+        for param in tuned.get("params") or []:
+            param = str(param)
+            block, key = ("engine", param[len("engine."):]) if param.startswith("engine.") else ("method_params", param)
+            if isinstance(out.get(block), dict):
+                out[block].pop(key, None)
+    if isinstance(out.get("tune"), dict):
+        out["tune"].pop("index", None)
     return out
 
 
 def run_identity(resolved_cfg: Mapping[str, object]) -> str:
-    """12 hex digits naming what a run computes: sha256 of the canonical JSON of the resolved config
-    without its ``paths`` block and execution-only keys (threads, device, checkpoint cadence, tracking).
-    Minimal version of the COORD contract; issue 50's helper owns the real one."""
+    """12 hex characters naming what a run computes: sha256 of the canonical JSON (sorted keys) of
+    :func:`identity_config` of its resolved config. Two configs with equal identities run the same thing; the
+    run folder (``seed<k>-<identity>``) and the MLflow run (tag ``fedshift.identity``) carry it, so two grids
+    that set a method differently never share a folder.
+
+    A tuned run (``tuned``) is named by its tune, not by the values the tune chose, so the published
+    config.yaml (chosen values applied) has the identity its folder was planned with."""
     text = json.dumps(identity_config(resolved_cfg), sort_keys=True, default=str, separators=(",", ":"))
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
+    return hashlib.sha256(text.encode()).hexdigest()[:IDENTITY_CHARS]
+
+
+def run_folder(job_path: str, identity: str) -> str:
+    """``<scenario>/.../seed<k>-<identity>``: a job's run folder under ``results/<kind>/`` (the job's slot
+    ``.../seed<k>`` and what it computes; see :func:`run_identity`)."""
+    return f"{job_path}-{identity}"
 
 
 # ------------------------------------------------------------------------- inputs

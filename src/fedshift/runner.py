@@ -467,7 +467,7 @@ def evaluate_run(run_dir: Path, device: str = "cpu", bf16: Optional[bool] = None
     path = run_dir / "models.pt"
     if not (run_dir / "config.yaml").exists() or not path.exists():
         raise ConfigError(f"{run_dir} holds no config.yaml + models.pt; give a finished federated run folder "
-                          "(results/federate/<scenario>/<public>/<method>/<structure>/seed<n>)")
+                          "(results/federate/<scenario>/<public>/<method>/<structure>/seed<n>-<identity>)")
     fix = f"rerun the job that published {run_dir}"
     cfg = read_run_config(run_dir / "config.yaml", "federate", fix)
     _check_evaluated_data(run_dir, cfg, force)

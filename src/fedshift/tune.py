@@ -52,6 +52,7 @@ import yaml
 
 # early stopping and a candidate's score run inside the job (the runner, a lower layer, calls them there)
 from .engine.selection import global_metric, global_validation, score, should_stop  # noqa: F401
+from .config import values_text
 from .errors import ConfigError
 
 # Validation metrics an evaluation writes (engine.selection.validation_acc): the pooled ACC of
@@ -198,15 +199,21 @@ class TuneGroup:
 class TunePlan:
     metric: str = DEFAULT_METRIC
     budget: Dict[str, Any] = dataclasses.field(default_factory=dict)
-    candidates: Dict[str, dict] = dataclasses.field(default_factory=dict)  # "<group>/<cid>/seed<k>" -> config
+    candidates: Dict[str, dict] = dataclasses.field(default_factory=dict)  # "<group>/<cid>/seed<k>-<id>" -> config
     groups: Dict[TuneGroup, List[str]] = dataclasses.field(default_factory=dict)  # group -> its candidate keys
     table: Optional[str] = None  # results/.../tune/tuned.csv (None: the grid tunes nothing)
     # scenario -> {"file": results/tune/<scenario>/leaks.json, "tuning": [draw], "reported": [draw]}: the
     # tune_leaks job's exact count before any candidate of the scenario runs (leak_guard)
     leaks: Dict[str, dict] = dataclasses.field(default_factory=dict)
 
+    def group_id(self, group: TuneGroup) -> str:
+        """12 hex digits of the group's candidates' identities (issue 50): two grids that tune one method
+        with another search, budget or base settings choose into different ``chosen-<id>.yaml`` files."""
+        text = " ".join(sorted(self.candidates[k]["identity"] for k in self.groups[group]))
+        return hashlib.sha256(text.encode()).hexdigest()[:12]
+
     def chosen_file(self, group: TuneGroup, results: str = "results") -> str:
-        return f"{results}/tune/{group.path}/chosen.yaml"
+        return f"{results}/tune/{group.path}/chosen-{self.group_id(group)}.yaml"
 
 
 def plan_tune(grid: Mapping, plan, results: str = "results") -> TunePlan:
@@ -239,7 +246,10 @@ def plan_tune(grid: Mapping, plan, results: str = "results") -> TunePlan:
         if m not in labels or src not in listed or m in listed:
             raise ConfigError(f"tune.share.{m}: {src!r}: maps a grid method that is not tuned itself to a tuned "
                               f"one; tuned: {', '.join(listed) or 'none'}")
+    from .experiments import name_run
+
     b = out.budget
+    spaces: Dict[TuneGroup, List[str]] = {}  # group -> its searched parameters
     planned = 0  # candidate jobs so far (MAX_CANDIDATE_JOBS)
     reported = set()  # the tuned methods' reported seeds (docs/tuning.md: keep the tuning seeds apart from them)
     for job, cfg in list(plan.federate.items()):
@@ -247,10 +257,7 @@ def plan_tune(grid: Mapping, plan, results: str = "results") -> TunePlan:
             continue
         if job.method in share:  # e.g. FedMMD runs at the lr tuned on FedAvg (same scenario and structure)
             reported.add(job.seed)
-            src = TuneGroup(job.scenario, job.public, share[job.method], job.structure)
-            cfg["tuned"] = {"file": out.chosen_file(src, results), "from": share[job.method], "budget": dict(b),
-                            "metric": out.metric}
-            continue
+            continue  # marked below, once every group is planned
         if job.method not in listed:
             continue
         reported.add(job.seed)
@@ -278,9 +285,8 @@ def plan_tune(grid: Mapping, plan, results: str = "results") -> TunePlan:
                         eng["select"] = "best_val"  # participants' validation metrics at every evaluation
                     else:
                         eng["global_eval_every"] = min(eng["global_eval_every"], b["eval_every"])
-                    key = f"{group.path}/{cid}/seed{seed}"
-                    c.update(seed=seed, run_name=f"tune/{key}",
-                             wildcards={**job.wildcards, "seed": seed, "candidate": cid},
+                    slot = f"{group.path}/{cid}/seed{seed}"
+                    c.update(seed=seed, wildcards={**job.wildcards, "seed": seed, "candidate": cid},
                              tune={"candidate": cid, "index": i, "values": dict(values), "metric": out.metric,
                                    "patience": b["patience"]})
                     if eng.get("data_seed") == "run":  # the tuning seed's own draw of the partition and public set
@@ -288,21 +294,36 @@ def plan_tune(grid: Mapping, plan, results: str = "results") -> TunePlan:
                         c["paths"].update(partition=draw.partition, public=draw.public)
                         c["data_draw"] = {"redrawn": list(draw.redrawn)}
                     if c["paths"].get("pretrained"):  # BASE checkpoints of the tuning seed
-                        paths = []
+                        paths, base_runs = [], []
                         for part, arch in zip(c["participants"], c["archs"]):
                             pj = PretrainJob(job.scenario, part, arch, seed)
                             if pj not in plan.pretrain:
                                 src = plan.pretrain[PretrainJob(job.scenario, part, arch, job.seed)]
-                                plan.pretrain[pj] = {**copy.deepcopy(src), "seed": seed, "run_name": f"pretrain/{pj.path}",
-                                                     "wildcards": pj.wildcards}
+                                plan.pretrain[pj] = {**copy.deepcopy(src), "seed": seed, "wildcards": pj.wildcards}
                                 plan.pretrain[pj]["paths"]["partition"] = c["paths"]["partition"]  # same draw
-                            paths.append(f"{results}/pretrain/{pj.path}/model.pt")
-                        c["paths"]["pretrained"] = paths
+                                name_run(plan.pretrain[pj], "pretrain", pj.path)
+                            paths.append(f"{results}/pretrain/{plan.folder(pj)}/model.pt")
+                            base_runs.append(plan.pretrain[pj]["identity"])
+                        c["paths"]["pretrained"], c["base_runs"] = paths, base_runs
+                    name_run(c, "tune", slot)  # run folder results/tune/<group>/<cid>/seed<k>-<identity>
+                    key = c["run_name"][len("tune/"):]
                     out.candidates[key] = c
                     keys.append(key)
             out.groups[group] = keys
-        cfg["tuned"] = {"file": out.chosen_file(group, results), "params": list(method_space(tune, job.method,
-                        METHODS.get(cfg["base_method"]))), "budget": dict(b), "metric": out.metric}
+            spaces[group] = list(space)
+    # the seeded runs take the chosen values: their configs name the tune (its file and the identity of its
+    # candidates), so they are named again (name_run) once every group is planned
+    for job, cfg in list(plan.federate.items()):
+        if job.scenario not in scenarios or (job.method not in listed and job.method not in share):
+            continue
+        group = TuneGroup(job.scenario, job.public, share.get(job.method, job.method), job.structure)
+        if group not in out.groups:  # shared from a method the grid does not run on this slot
+            raise ConfigError(f"tune.share.{job.method}: {group.method!r} is not tuned on {job.scenario} / "
+                              f"{job.public} / {job.structure}, where {job.method} runs")
+        cfg["tuned"] = {"file": out.chosen_file(group, results), "group": out.group_id(group),
+                        "params": list(spaces[group]), "budget": dict(b), "metric": out.metric,
+                        **({"from": group.method} if job.method in share else {})}
+        name_run(cfg, "federate", job.path)
     same = sorted(reported & set(b["seeds"]))
     if same:  # issue 51 R05: the values are then chosen on the very draws (init, sampling, data_seed) reported
         print(f"fedshift: warning: tune.budget.seeds {b['seeds']} include the reported seed(s) {same} of the tuned "
@@ -514,13 +535,41 @@ def mlflow_tags(cfg: Mapping[str, Any]) -> Dict[str, str]:
                      "tuned.budget": f"rounds={b.get('rounds')} seeds={b.get('seeds')} patience={b.get('patience')}"})
         return tags
     t = cfg["tune"]
-    return {"tune.candidate": t["candidate"], **{f"tune.{k}": str(v) for k, v in t["values"].items()}}
+    return {"tune.candidate": t["candidate"], **{f"tune.{k}": str(v) for k, v in t["values"].items()},
+            "tune.values": values_text(t["values"])}
 
 
 # ----------------------------------------------------------------------------- the tuned table
+def _outcome(c: Mapping) -> Any:
+    return "diverged" if c["status"] == "diverged" or c.get("score") is None else c["score"]
+
+
+def tied_values(cands: Sequence[Mapping], param: str) -> int:
+    """How many values of ``param`` the best-scoring candidates hold (exact scores): 1 = ``param`` was not
+    tied, whatever ties another parameter made (FedAvgM's lr read "tie of 2" where only beta was tied)."""
+    ok = [c for c in cands if _outcome(c) != "diverged"]
+    if not ok:
+        return 0
+    best = max(c["score"] for c in ok)
+    return len({json.dumps(c["values"][param], default=str) for c in ok if c["score"] == best})
+
+
+def no_effect(cands: Sequence[Mapping], param: str) -> bool:
+    """Whether ``param`` changed no candidate's outcome (score, or diverged): every group of candidates that
+    agree on the other parameters has one outcome, and some group holds two values of ``param``."""
+    groups: Dict[str, list] = {}
+    for c in cands:
+        rest = json.dumps({k: v for k, v in c["values"].items() if k != param}, sort_keys=True, default=str)
+        groups.setdefault(rest, []).append(c)
+    varied = [g for g in groups.values() if len({json.dumps(c["values"][param], default=str) for c in g}) > 1]
+    return bool(varied) and all(len({json.dumps(_outcome(c)) for c in g}) == 1 for g in varied)
+
+
 def table_rows(chosen_files: Sequence[Path]) -> List[dict]:
     """One row per (scenario, public, method, structure, parameter): its candidates, the chosen value
-    and the validation score of the chosen candidate, with the budget; ``scores``: every candidate's
+    and the validation score of the chosen candidate, with the budget (``budget``: candidates x rounds x
+    tuning seeds, in rounds); ``tied_values``: how many of this parameter's values share the best score
+    (1: not tied); ``no_effect``: the parameter changed no candidate's score; ``scores``: every candidate's
     values and validation score (%), ``diverged`` where it diverged."""
     rows = []
     for f in chosen_files:
@@ -533,6 +582,9 @@ def table_rows(chosen_files: Sequence[Path]) -> List[dict]:
                          "candidates": " ".join(str(v) for v in cands), "chosen": str(value),  # 2 stays 2, not 2.0
                          "val_score": round(100 * c["score"], 2), "metric": c["metric"],
                          "n_candidates": len(c["candidates"]), "diverged": diverged,
+                         "budget": len(c["candidates"]) * c["rounds"] * len(c["seeds"]),
+                         "tied_values": tied_values(c["candidates"], param),
+                         "no_effect": no_effect(c["candidates"], param),
                          "rounds": c["rounds"], "seeds": " ".join(map(str, c["seeds"])), "patience": c["patience"],
                          "scores": "; ".join(",".join(f"{k.replace('engine.', '')}={v}" for k, v in x["values"].items())
                                              + ": " + ("diverged" if x["score"] is None else f"{100 * x['score']:.2f}")
@@ -546,7 +598,7 @@ def write_table(out: Path, chosen_files: Sequence[Path]) -> None:
     from .data.store import atomic_write_text
 
     cols = ["scenario", "public", "method", "structure", "parameter", "candidates", "chosen", "val_score", "metric",
-            "n_candidates", "diverged", "rounds", "seeds", "patience", "scores"]
+            "n_candidates", "diverged", "budget", "tied_values", "no_effect", "rounds", "seeds", "patience", "scores"]
     atomic_write_text(Path(out), pd.DataFrame(table_rows(chosen_files), columns=cols).to_csv(index=False))
 
 

@@ -22,9 +22,14 @@ GRID = {k: v for k, v in config.items() if k not in WORKFLOW_KEYS}
 # `--config engine='{rounds: 3}'`: Snakemake parses nested values with YAML's BaseLoader, so every
 # scalar arrives as a string ('3'); typed here as a grid file would type it (fedshift.overrides).
 # Dotted keys (engine.rounds=3) Snakemake refuses: `fedshift run GRID engine.rounds=3 -- ARGS`.
-from fedshift.overrides import coerce_cli_strings
+from fedshift.overrides import check_targets, coerce_cli_strings
 
-coerce_cli_strings(GRID, {k: v for k, v in (workflow.config_settings.config or {}).items() if k not in WORKFLOW_KEYS})
+_CLI_KEYS = coerce_cli_strings(GRID, {k: v for k, v in (workflow.config_settings.config or {}).items()
+                                      if k not in WORKFLOW_KEYS})
+try:  # `--config 'methods={fedprox: {mu: 0.1}}'` on a grid without FedProx would change nothing: refused (issue 50)
+    check_targets(GRID, _CLI_KEYS)
+except ConfigError as exc:
+    raise WorkflowError(f"fedshift: error: {exc}") from None
 # A user grid (--configfile) reports only what it names: its report block replaces the default's
 # instead of being merged into it (else it inherits report.published from params/experiments.yaml).
 _USER_FILES = [f for f in workflow.overwrite_configfiles or []
@@ -122,10 +127,12 @@ wildcard_constraints:
     arch=r"[a-z0-9_]+",
     structure=r"[a-z0-9_]+",
     method=r"[a-z0-9_\-]+",
+    rid=r"[0-9a-f]{12}",  # a run's identity (fedshift.provenance.run_identity; issue 50)
 
 
 def federate_key(wc):
-    return f"{wc.scenario}/{wc.public}/{wc.method}/{wc.structure}/seed{wc.seed}"
+    """The job's run folder under results/federate/ (PLAN.folder): its slot and its identity."""
+    return f"{wc.scenario}/{wc.public}/{wc.method}/{wc.structure}/seed{wc.seed}-{wc.rid}"
 
 
 def federate_inputs(wc):
@@ -159,8 +166,8 @@ def pretrain_data(wc):
     return data_fingerprint([pretrain_cfg(wc)["paths"]["partition"]])
 
 
-FEDERATE_METRICS = [f"results/federate/{j.path}/metrics.json" for j in TARGETS.federate]
-PRETRAIN_METRICS = [f"results/pretrain/{j.path}/metrics.json" for j in TARGETS.pretrain]
+FEDERATE_METRICS = [f"results/federate/{PLAN.folder(j)}/metrics.json" for j in TARGETS.federate]
+PRETRAIN_METRICS = [f"results/pretrain/{PLAN.folder(j)}/metrics.json" for j in TARGETS.pretrain]
 ARCHIVED_METRICS = [f"{p}/metrics.json" for p in TARGETS.archived_federate]  # committed records (issue 52)
 ARCHIVED_PRETRAIN = [f"{p}/metrics.json" for p in TARGETS.archived_pretrain]
 
@@ -234,15 +241,17 @@ def federate_runtime(wc, attempt):
     return slurm_runtime(federate_cfg(wc), attempt, threads=federate_threads(wc))
 
 
-def pretrain_cfg(wc):
-    from fedshift.experiments import PretrainJob
+def pretrain_key(wc):
+    return f"{wc.scenario}/{wc.participant}/{wc.arch}/seed{wc.seed}-{wc.rid}"
 
-    return PLAN.pretrain[PretrainJob(wc.scenario, wc.participant, wc.arch, int(wc.seed))]
+
+def pretrain_cfg(wc):
+    return PLAN.pretrain_config(pretrain_key(wc))
 
 
 def pretrain_inputs(wc):
     return {
-        "config": f"results/configs/pretrain/{wc.scenario}/{wc.participant}/{wc.arch}/seed{wc.seed}.yaml",
+        "config": f"results/configs/pretrain/{pretrain_key(wc)}.yaml",
         "partition": f"{pretrain_cfg(wc)['paths']['partition']}/manifest.json",
     }
 
@@ -279,7 +288,7 @@ TUNED_TABLE = [TUNE.table] if TUNE.table else []
 
 
 def tune_key(wc):
-    return f"{wc.scenario}/{wc.public}/{wc.method}/{wc.structure}/{wc.candidate}/seed{wc.seed}"
+    return f"{wc.scenario}/{wc.public}/{wc.method}/{wc.structure}/{wc.candidate}/seed{wc.seed}-{wc.rid}"
 
 
 def tune_cfg(wc):
@@ -318,4 +327,5 @@ def tune_leak_inputs(wc):
 
 def tune_group_metrics(wc):
     group = f"{wc.scenario}/{wc.public}/{wc.method}/{wc.structure}"
-    return [f"results/tune/{k}/metrics.json" for g, keys in TUNE.groups.items() if g.path == group for k in keys]
+    return [f"results/tune/{k}/metrics.json" for g, keys in TUNE.groups.items()
+            if g.path == group and TUNE.group_id(g) == wc.gid for k in keys]

@@ -1,5 +1,7 @@
-# One federated run per scenario x public set x method x structure x seed.
-# A job checkpoints itself into results/federate/.../seed<k>.partial/ (not a declared output,
+# One federated run per scenario x public set x method x structure x seed; the folder's {rid} is the run's
+# identity (fedshift.provenance.run_identity: a hash of its settings), so grids that set a method differently
+# never share a folder.
+# A job checkpoints itself into results/federate/.../seed<k>-<rid>.partial/ (not a declared output,
 # so Snakemake's clean-up of a failed job leaves it): rerunning the job resumes there.
 # threads/mem_mb/runtime/gpu: see the resource notes at the end of common.smk.
 
@@ -8,10 +10,10 @@ rule federate:
     input:
         unpack(federate_inputs),
     output:
-        metrics="results/federate/{scenario}/{public}/{method}/{structure}/seed{seed}/metrics.json",
-        rounds="results/federate/{scenario}/{public}/{method}/{structure}/seed{seed}/rounds.csv",
+        metrics="results/federate/{scenario}/{public}/{method}/{structure}/seed{seed}-{rid}/metrics.json",
+        rounds="results/federate/{scenario}/{public}/{method}/{structure}/seed{seed}-{rid}/rounds.csv",
         # every participant's final weights: `fedshift evaluate <run folder>` re-scores them
-        models="results/federate/{scenario}/{public}/{method}/{structure}/seed{seed}/models.pt",
+        models="results/federate/{scenario}/{public}/{method}/{structure}/seed{seed}-{rid}/models.pt",
     params:
         # the content of its data (dvc.lock's hash, else the manifest's sha256): a rebuilt partition
         # reruns the job even when file times say it is newer (data rebuilt while it ran; issue 38)
@@ -19,7 +21,7 @@ rule federate:
     conda:
         "../envs/fedshift.yaml"
     log:
-        "logs/federate/{scenario}/{public}/{method}/{structure}/seed{seed}.log",
+        "logs/federate/{scenario}/{public}/{method}/{structure}/seed{seed}-{rid}.log",
     threads: federate_threads
     resources:
         mem_mb=federate_mem_mb,

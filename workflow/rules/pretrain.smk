@@ -1,16 +1,16 @@
 # SOLO/BASE: each participant's model trained on its private data alone; the checkpoint
 # is the starting point of methods whose `init` is "base", the teacher theta* of FCCL+
 # without FNTD, and the report's base_pretrain row. A job checkpoints itself every epoch
-# into results/pretrain/.../seed<k>.partial/ (not a declared output): a rerun resumes.
+# into results/pretrain/.../seed<k>-<rid>.partial/ (not a declared output): a rerun resumes.
 
 
 rule pretrain:
     input:
         unpack(pretrain_inputs),
     output:
-        model="results/pretrain/{scenario}/{participant}/{arch}/seed{seed}/model.pt",
-        metrics="results/pretrain/{scenario}/{participant}/{arch}/seed{seed}/metrics.json",
-        rounds="results/pretrain/{scenario}/{participant}/{arch}/seed{seed}/rounds.csv",
+        model="results/pretrain/{scenario}/{participant}/{arch}/seed{seed}-{rid}/model.pt",
+        metrics="results/pretrain/{scenario}/{participant}/{arch}/seed{seed}-{rid}/metrics.json",
+        rounds="results/pretrain/{scenario}/{participant}/{arch}/seed{seed}-{rid}/rounds.csv",
     params:
         # the content of its data (dvc.lock's hash, else the manifest's sha256): a rebuilt partition
         # reruns the job even when file times say it is newer (data rebuilt while it ran; issue 38)
@@ -18,7 +18,7 @@ rule pretrain:
     conda:
         "../envs/fedshift.yaml"
     log:
-        "logs/pretrain/{scenario}/{participant}/{arch}/seed{seed}.log",
+        "logs/pretrain/{scenario}/{participant}/{arch}/seed{seed}-{rid}.log",
     # BASE checkpoints gate the methods that start from them: schedule them first so those
     # runs do not end up alone on the critical path.
     priority: 10

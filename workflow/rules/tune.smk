@@ -1,7 +1,8 @@
 # Tune, then run (issue 36, docs/tuning.md): a grid's `tune:` block fans every candidate of every
 # tuned (scenario, public, method, structure) out as an ordinary federated job on the validation
 # holdout (checkpointed and resumable like `federate`, one SLURM job each), `tune_select` keeps the
-# best candidate by validation score, and the group's seeded runs take chosen.yaml as an input.
+# best candidate by validation score (chosen-<group id>.yaml: another search, another file), and the
+# group's seeded runs take it as an input.
 # threads/mem_mb/runtime/gpu: as the federate rule's (common.smk), read off the candidate's config.
 # The helper functions and TUNE_CONFIGS / TUNED_TABLE are in common.smk (the linter's layout).
 
@@ -15,6 +16,7 @@ if TUNE.groups:
 
     wildcard_constraints:
         candidate=r"c[0-9a-f]{8}",
+        gid=r"[0-9a-f]{12}",
 
 
     # Issue 47: no validation image of a tuning seed may be a test image of a reported seed. The plan already
@@ -38,11 +40,11 @@ if TUNE.groups:
         input:
             unpack(tune_inputs),
         output:
-            metrics="results/tune/{scenario}/{public}/{method}/{structure}/{candidate}/seed{seed}/metrics.json",
+            metrics="results/tune/{scenario}/{public}/{method}/{structure}/{candidate}/seed{seed}-{rid}/metrics.json",
         conda:
             "../envs/fedshift.yaml"
         log:
-            "logs/tune/{scenario}/{public}/{method}/{structure}/{candidate}/seed{seed}.log",
+            "logs/tune/{scenario}/{public}/{method}/{structure}/{candidate}/seed{seed}-{rid}.log",
         threads: tune_threads
         resources:
             mem_mb=tune_mem_mb,
@@ -58,11 +60,11 @@ if TUNE.groups:
         input:
             tune_group_metrics,
         output:
-            "results/tune/{scenario}/{public}/{method}/{structure}/chosen.yaml",
+            "results/tune/{scenario}/{public}/{method}/{structure}/chosen-{gid}.yaml",
         conda:
             "../envs/fedshift.yaml"
         log:
-            "logs/tune/{scenario}/{public}/{method}/{structure}/select.log",
+            "logs/tune/{scenario}/{public}/{method}/{structure}/select-{gid}.log",
         shell:
             "python -m fedshift.tune select {output} {input} > {log} 2>&1"
 

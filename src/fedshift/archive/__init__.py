@@ -53,7 +53,7 @@ COPIED = ("config.yaml", INPUTS, "metrics.json")  # + the rounds file; never mod
 GZIP_ABOVE = 64 * 1024  # bytes of rounds.csv above which the record stores it gzip-compressed
 # Keys a record is never compared on: the run's label (it names the folder, which the record path
 # already keys on) besides the execution-only keys of the run identity.
-LABEL_KEYS = ("run_name",)
+LABEL_KEYS = ("run_name", "identity")  # identity: the hash of what is compared (issue 50)
 # Top-level keys added after records were made, with the value their absence meant (COORD contract).
 TOP_LEVEL_DEFAULTS = {"test_protocol": "clean"}  # issue 47: absent = clean
 MISSING = object()
@@ -326,7 +326,7 @@ def plan_targets(plan, tune_plan, status: GridStatus, results: str = "results") 
         for g, keys in tune_plan.groups.items():
             if g.path in need_groups:
                 models |= {m for k in keys for m in tune_plan.candidates[k]["paths"].get("pretrained") or []}
-    pre = [j for j in plan.pretrain if j not in cur_pre or f"{results}/pretrain/{j.path}/model.pt" in models]
+    pre = [j for j in plan.pretrain if j not in cur_pre or f"{results}/pretrain/{plan.folder(j)}/model.pt" in models]
     chosen_files = {}
     for g in (tune_plan.groups if tune_plan is not None else {}):
         archived = status.tune.get(g.path) == "current" and g.path not in need_groups
@@ -380,7 +380,7 @@ def archive_grid(plan, tune_plan=None, root: Path = RECORDS, results: str = "res
 
     jobs = [("federate", j, c) for j, c in plan.federate.items()] + [("pretrain", j, c) for j, c in plan.pretrain.items()]
     for kind, job, cfg in jobs:
-        run_dir = Path(results) / kind / job.path
+        run_dir = Path(results) / kind / plan.folder(job)  # <slot>-<identity> (issue 50)
         what = f"{kind}/{job.path}"
         if not (run_dir / "metrics.json").exists():
             partial = run_dir.parent / f"{run_dir.name}.partial"

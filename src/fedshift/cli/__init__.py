@@ -4,6 +4,7 @@
     fedshift fetch DATASET            (DVC stage fetch@DATASET)
     fedshift public NAME              (DVC stage public@NAME)
     fedshift partition SCENARIO       (DVC stage partition@SCENARIO)
+    fedshift dvc-repro -- STAGES...   (Snakemake rule dvc_repro: dvc repro of the stages a grid reads)
     fedshift pretrain CONFIG OUT      (Snakemake rule pretrain)
     fedshift federate CONFIG OUT      (Snakemake rule federate)
     fedshift collect OUT RUN_DIRS...  (Snakemake rule collect)
@@ -99,6 +100,14 @@ def main(argv: List[str] | None = None) -> int:
         p.add_argument("--data-dir", default="data", help="manually supplied archives (data.dvc)")
         p.add_argument("--cache-dir", default="build/downloads", help="downloaded archives")
         p.set_defaults(fn=fn)
+
+    p = sub.add_parser("dvc-repro", help="the workflow's dvc_repro rule: dvc repro of the stages a grid reads, "
+                                         "one line when a file it needs is not built")
+    p.add_argument("targets", nargs="*", help="DVC stages (partition@<scenario>, public@<set>)")
+    p.add_argument("--data", default="params/data.yaml", help="the grid's data params file")
+    p.add_argument("--log", default="logs/dvc_repro.log", help="where dvc's output goes")
+    p.add_argument("--expect", nargs="*", default=[], help="files the grid needs (manifests)")
+    p.set_defaults(fn=("data_stages", "cmd_dvc_repro"))
 
     for name, fn in (("pretrain", ("jobs", "cmd_pretrain")), ("federate", ("jobs", "cmd_federate"))):
         p = sub.add_parser(name, help=f"run one {name} job from its resolved config")
@@ -213,7 +222,7 @@ def main(argv: List[str] | None = None) -> int:
     groups = {"names": names, "data_stages": data_stages, "jobs": jobs, "grid": grid,
               "reporting": reporting, "mlflow_store": mlflow_store}
     try:
-        getattr(groups[module], fn)(args)
+        rc = getattr(groups[module], fn)(args)  # a command may return an exit status (`run`: Snakemake's)
     except ConfigError as exc:
         print(f"fedshift: error: {exc}", file=sys.stderr)
         return 2
@@ -226,4 +235,4 @@ def main(argv: List[str] | None = None) -> int:
         print(f"fedshift: stopped by {signal.Signals(exc.signum).name}; the last checkpoint is kept, "
               "rerun the same command to resume", file=sys.stderr)
         return 128 + exc.signum
-    return 0
+    return int(rc or 0)

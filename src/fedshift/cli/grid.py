@@ -9,7 +9,6 @@ the checked grid with its dotted overrides to Snakemake. The grid layer (``fedsh
 
 from __future__ import annotations
 
-import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -25,18 +24,18 @@ def _data_not_built(plan, data_params: Path) -> Optional[str]:
 
     folders = {c["paths"]["partition"] for c in (*plan.federate.values(), *plan.needed_pretrain().values())}
     folders |= {c["paths"]["public"] for c in plan.federate.values() if c["paths"].get("public")}
-    # a per-seed partition (engine.data_seed: run) is drawn by the workflow's partition_seed rule from DVC's partition
-    # of its scenario: that one is what `dvc repro` must build (issue 51 R19)
-    folders = {str(Path(f).parents[2] / "partitions" / Path(f).parent.name)
-               if Path(f).parent.parent.name == "partitions_seeded" else f for f in folders}
+    # a per-seed or per-protocol folder (engine.data_seed: run, test_protocol) is drawn by the workflow's
+    # partition_seed / partition_protocol / public_seed rule from DVC's folder of its scenario or public set:
+    # that one is what `dvc repro` must build (issue 51 R19, issue 47)
+    redrawn = {f for f in folders if Path(f).name.startswith("seed")}
+    folders = {str(Path(f).parents[2] / ("public" if Path(f).parent.parent.name.startswith("public") else "partitions")
+                   / Path(f).parent.name) if f in redrawn else f for f in folders}
     missing = sorted(f for f in folders if not (Path(f) / "manifest.json").is_file())
     if not missing:
         return None
     datasets = set()
     for f in missing:
         kind, name = Path(f).parent.name, Path(f).name
-        if Path(f).name.startswith("seed"):  # drawn by a workflow rule (data_seed: run, test_protocol) from DVC's data
-            kind, name = Path(f).parent.parent.name.split("_")[0], Path(f).parent.name
         if kind == "partitions" and name in SCENARIOS:
             datasets |= set(SCENARIOS.get(name).datasets)
         elif kind == "public" and name in PUBLIC_SETS:
@@ -44,12 +43,33 @@ def _data_not_built(plan, data_params: Path) -> Optional[str]:
     manual = sorted(d for d in datasets if d in DATASETS and DATASETS.get(d).manual)
     how = ("`dvc repro`" if data_params == Path("params/data.yaml") else
            f"`dvc repro` after copying {data_params} over params/data.yaml (DVC builds from that file only)")
-    drawn = any(Path(f).name.startswith("seed") for f in missing)
+    drawn = bool(redrawn)
     return (f"data not built yet: {', '.join(missing)}; build with {how}"
-            + (" (the workflow's partition_seed / partition_protocol / public_seed jobs draw the seed<k> folders "
-               "from what it builds)" if drawn else "")
+            + (" (the workflow's partition_seed / partition_protocol / public_seed jobs draw the grid's seed<k> "
+               "folders from what it builds)" if drawn else "")
             + (f", which needs the hand-supplied archive(s) {', '.join(manual)} under data/ (docs/datasets.md)"
                if manual else "") + "; until then the workflow stops at its dvc_repro job")
+
+
+def report_status(plan, tuned, report_cfg) -> list:
+    """Lines saying whether the grid's report on disk is current (issue 50): every run it read is still the
+    run folder it read (:func:`fedshift.report.runs_read.stale_runs`) and one the grid asks for now (a run
+    folder it plans, or a committed record the archive finds current, issue 52)."""
+    from ..archive import grid_status
+    from ..experiments import planned_folders, results_root
+    from ..report import runs_read
+
+    folder = Path(results_root(report_cfg)) / "report"
+    frame = runs_read.read(folder)
+    if frame is None:
+        return []
+    status = grid_status(plan, tuned)
+    records = {str(s.path) for kind in ("federate", "pretrain") for s in status.current(kind).values()}
+    stale = runs_read.stale_runs(frame, planned=planned_folders(plan) | records)
+    if not stale:
+        return [f"report {folder}: current ({len(frame)} run folders read, each the run the grid asks for)"]
+    return ([f"report {folder}: {len(stale)} of {len(frame)} run folders it read are stale "
+             "(snakemake reruns them and the report):"] + [f"  {line}" for line in stale])
 
 
 def cmd_validate(args) -> None:
@@ -65,6 +85,8 @@ def cmd_validate(args) -> None:
     needed = plan.needed_pretrain()
     print(f"ok: {len(needed)} pretrain and {len(plan.federate)} federate jobs"
           + (f", {len(tuned.candidates)} tuning candidate jobs" if tuned.candidates else ""))
+    for line in report_status(plan, tuned, exp.get("report")):
+        print(line)
     # What a cluster will be asked for (the workflow's mem_mb, fedshift.resources): the largest request per kind.
     from ..resources import WRAPPER_MB, job_estimate, slurm_mem_mb
 
@@ -82,7 +104,8 @@ def cmd_validate(args) -> None:
 
 def _grid_plan(items, verb: str):
     """(grid files, overrides, merged grid, plan) of ``fedshift run | archive [GRID ...] KEY=VALUE ...``:
-    the files merged as ``snakemake --configfile`` merges them, each dotted override set, then planned."""
+    the files merged as ``snakemake --configfile`` merges them, each dotted override set, then planned. The
+    grid's notes are not printed here: Snakemake prints them when it plans (they were printed twice; issue 50)."""
     from ..experiments import load_experiments, snakemake_config
     from ..overrides import apply_overrides
 
@@ -91,7 +114,8 @@ def _grid_plan(items, verb: str):
     for g in grids:
         if not Path(g).exists():
             raise ConfigError(f"fedshift {verb}: {g}: no such grid file, and not a KEY=VALUE override")
-    exp = apply_overrides(snakemake_config([Path(g) for g in grids or ["params/experiments.yaml"]]), overrides)
+    exp = apply_overrides(snakemake_config([Path(g) for g in grids or ["params/experiments.yaml"]], quiet=True),
+                          overrides)
     data_params = Path(exp.get("data_params") or "params/data.yaml")
     plan = load_experiments({k: v for k, v in exp.items() if k not in ("data_params", "gpus_per_job", "threads_per_job")},
                             data_params)
@@ -112,13 +136,13 @@ def cmd_archive(args) -> None:
           f"{counts['skipped']} run(s) skipped, in {where}/ (commit it: git add {where})", file=sys.stderr)
 
 
-def cmd_run(args) -> None:
+def cmd_run(args) -> int:
     """Merge the grid files (as ``snakemake --configfile`` does), set the dotted overrides, check
     the result as ``validate`` does, write it to ``results/configs/run-<hash>.yaml`` (the file a
-    later ``snakemake --configfile`` can name again) and exec Snakemake on it."""
+    later ``snakemake --configfile`` can name again), run Snakemake on it and say where the report went."""
     import hashlib  # ~3 ms that only `run` needs, not `fedshift --help`
 
-    from ..experiments import check_built_data, dump_config, write_if_changed
+    from ..experiments import check_built_data, dump_config, results_root, write_if_changed
 
     for flag in ("--configfile", "--configfiles"):
         if flag in args.snakemake_args:
@@ -135,4 +159,43 @@ def cmd_run(args) -> None:
     print(f"fedshift run: {', '.join(overrides) or 'no override'} on {' + '.join(grids) or 'params/experiments.yaml'}: "
           f"{len(plan.needed_pretrain())} pretrain and {len(plan.federate)} federate jobs planned; "
           f"grid written to {path}\n$ snakemake --configfile {path} {' '.join(smk)}", file=sys.stderr, flush=True)
-    os.execv(sys.executable, cmd)
+    rc = _snakemake(cmd)
+    report = Path(results_root(exp.get("report"))) / "report" / "report.md"
+    dry = any(a in ("-n", "--dry-run", "--dryrun") for a in smk)
+    if rc == 0 and not dry and report.exists():
+        print(f"fedshift run: report: {report} (tables and figures beside it; HTML: snakemake --configfile {path} "
+              "--report report.html)", file=sys.stderr)
+        for line in _headline_urls({j.scenario for j in plan.federate}):
+            print(line, file=sys.stderr)
+    return rc
+
+
+def _headline_urls(scenarios) -> list:
+    """``fedshift run: MLflow <scenario>: <URL>`` per scenario of the grid: after ``mlflow ui``, the URL opens
+    the headline view in "Model training" mode (docs/tracking.md); nothing when tracking is off or fails."""
+    import os
+
+    if os.environ.get("FEDSHIFT_TRACKING", "mlflow") == "none" or not (
+            os.environ.get("MLFLOW_TRACKING_URI") or Path("mlflow.db").exists()):
+        return []
+    try:
+        from ..tracking import headline_view_urls
+
+        urls = headline_view_urls()
+    except Exception:  # tracking never costs a result, nor the run's last lines
+        return []
+    return [f"fedshift run: MLflow {name} (after `mlflow ui`): {url}" for name, url in sorted(urls.items())
+            if name in scenarios]
+
+
+def _snakemake(cmd) -> int:
+    """Run Snakemake and return its exit status. Ctrl-C reaches it too (one process group): it stops its
+    jobs, and this process waits for it instead of leaving it behind."""
+    import subprocess
+
+    proc = subprocess.Popen(cmd)
+    while True:
+        try:
+            return proc.wait()
+        except KeyboardInterrupt:
+            continue

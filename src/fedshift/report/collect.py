@@ -22,10 +22,12 @@ from typing import Iterable
 
 import pandas as pd
 
-from ..config import safe_load_yaml
+from ..config import safe_load_yaml, values_text
 from ..data.store import atomic_write_text
 from ..errors import ConfigError
 from ..provenance import stale
+from . import runs_read
+from .runs_read import rounds_file  # noqa: F401  (fedshift.archive reads it here)
 
 ID_COLUMNS = ["scenario", "public", "method", "base_method", "structure", "seed"]
 
@@ -35,14 +37,6 @@ def _config(run_dir: Path) -> dict:
 
 
 RECORD = "record.json"  # marks an archived record (fedshift.archive): a run folder without its weights
-
-
-def rounds_file(folder: Path) -> Path:
-    """A run folder's per-round curves: ``rounds.csv``, else ``rounds.csv.gz`` (an archived record's
-    compressed copy, :mod:`fedshift.archive`)."""
-    folder = Path(folder)
-    plain = folder / "rounds.csv"
-    return plain if plain.exists() or not (folder / "rounds.csv.gz").exists() else folder / "rounds.csv.gz"
 
 
 def is_record(folder: Path) -> bool:
@@ -82,6 +76,10 @@ def load_run(run_dir: Path) -> pd.DataFrame:
         chosen = json.loads((run_dir / "metrics.json").read_text()).get("selected_rounds") or {}
     df["selected_round"] = df["participant"].map(chosen) if chosen else float("nan")
     df["tuned"] = bool(cfg.get("tuned"))  # its values were chosen on validation (fedshift.tune)
+    # the chosen values, for the tables' `tuned` column (issue 50): "lr=0.003 beta=0.9"
+    chosen_values = (cfg.get("tuned") or {}).get("chosen") or {}
+    df["tuned_values"] = values_text(chosen_values)
+    df["run_dir"] = str(run_dir)  # the folder read (seed<k>-<identity>: issue 50)
     # issue 52: where the numbers come from: a committed record (its folder) or a run folder (""), and the code
     df["record"] = str(run_dir) if is_record(run_dir) else ""
     df["code"] = code_of(run_dir)
@@ -131,7 +129,7 @@ def pretrain_rows(fed_cfgs: Iterable[dict], pretrain_dirs: Iterable[Path]) -> pd
         if d.name in ("metrics.json", "model.pt"):
             d = d.parent
         cfg = _config(d)
-        df = pd.read_csv(rounds_file(d)).assign(record=str(d) if is_record(d) else "", code=code_of(d))
+        df = pd.read_csv(rounds_file(d)).assign(record=str(d) if is_record(d) else "", code=code_of(d), run_dir=str(d))
         df = df[df["round"] == df["round"].max()].assign(**protocol_columns(cfg))  # pretrain: no public set
         last[(cfg["scenario"], cfg["participant"], cfg["arch"], int(cfg["seed"]))] = df
     frames, seen = [], set()
@@ -187,9 +185,11 @@ def collect(run_dirs: Iterable[Path], out: Path, pretrain_dirs: Iterable[Path] =
         frames.append(pretrain_rows(cfgs, pretrain_dirs))
     df = pd.concat(frames, ignore_index=True)
     cols = ID_COLUMNS + ["round", "participant", "arch", "domain", "kind", "top1", "top5", "local_epochs", "data_seed",
-                         "redrawn", "protocol", "select", "selected_round", "tuned", "public_aug", "test_protocol",
-                         "image_size", "test_sizes", "record", "code"]
+                         "redrawn", "protocol", "select", "selected_round", "tuned", "tuned_values", "public_aug",
+                         "test_protocol", "image_size", "test_sizes", "record", "code", "run_dir"]
     df = df.reindex(columns=list(dict.fromkeys(list(df.columns) + cols)))
     df = df[cols].sort_values(["scenario", "public", "structure", "method", "seed", "round", "participant", "domain"])
     atomic_write_text(Path(out), df.to_csv(index=False))
+    # which folders were read, with their identity and the sha256 of the rounds.csv read (issue 50)
+    runs_read.write(Path(out), runs_read.record(run_dirs, pretrain_dirs))
     return df

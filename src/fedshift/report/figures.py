@@ -284,15 +284,18 @@ def feature_embedding(models: Dict[str, "object"], images, labels: np.ndarray, d
 
 
 def pretrained_embedding(pretrain_root: Path, partition_dir: Path, scenario: str, seed: int, path: Path,
-                         per_domain: int = 75, method: str = "tsne") -> bool:
+                         per_domain: int = 75, method: str = "tsne", ckpts=None) -> bool:
     """t-SNE of the BASE (pretrain) models of ``scenario``/``seed`` on every domain's test
-    images; False when the checkpoints or the partition are missing."""
+    images; False when the checkpoints or the partition are missing. ``ckpts``: the checkpoints (the
+    report's base_pretrain run folders); None: every ``seed<k>`` checkpoint under ``pretrain_root``."""
     import torch
 
     from ..data.loading import load_federated
     from ..models import create_model
 
-    ckpts = sorted(Path(pretrain_root, scenario).glob(f"*/*/seed{seed}/model.pt"))
+    if ckpts is None:
+        ckpts = sorted(Path(pretrain_root, scenario).glob(f"*/*/seed{seed}/model.pt"))
+    ckpts = [c for c in ckpts if Path(c).exists()]
     if not ckpts or not Path(partition_dir, "manifest.json").exists():
         return False
     data = load_federated(Path(partition_dir), None, "cpu")
@@ -331,6 +334,14 @@ def _slug(*parts) -> str:
     return "__".join(str(p) for p in parts)
 
 
+def _run_dir(runs: pd.DataFrame, default: Path) -> Path:
+    """The run folder of one (method, seed)'s rows (collect's ``run_dir``), else ``default`` (runs.csv from
+    before issue 50)."""
+    if "run_dir" in runs.columns and runs["run_dir"].notna().any():
+        return Path(runs["run_dir"].dropna().iloc[0])
+    return default
+
+
 def report_figures(df: pd.DataFrame, out: Path, report_cfg: Optional[dict] = None, last_k: int = 3,
                    runs_root: Path = Path("results/federate"), pretrain_root: Path = Path("results/pretrain"),
                    partitions_root: Path = Path("build/partitions"), tables: Optional[Dict] = None) -> List[str]:
@@ -347,8 +358,8 @@ def report_figures(df: pd.DataFrame, out: Path, report_cfg: Optional[dict] = Non
         domain_heatmap(sub, out / f"domains__{slug}.png", title, order, last_k=last_k)
         md += [f"![per-participant accuracy](participants__{slug}.png)", "",
                f"![participant x domain](domains__{slug}.png)", ""]
-        for (method, seed), _ in sub.groupby(["method", "seed"]):
-            npz = Path(runs_root) / scen / pub / method / struct / f"seed{seed}" / "cross_correlation.npz"
+        for (method, seed), runs in sub.groupby(["method", "seed"]):
+            npz = _run_dir(runs, Path(runs_root) / scen / pub / method / struct / f"seed{seed}") / "cross_correlation.npz"
             if npz.exists():
                 name = f"crosscorr__{_slug(scen, pub, method, struct, f'seed{seed}')}.png"
                 cross_correlation_figure(npz, out / name, f"{method} cross-correlation with the others' mean "
@@ -360,8 +371,12 @@ def report_figures(df: pd.DataFrame, out: Path, report_cfg: Optional[dict] = Non
         md += [f"![{name}]({fname})", ""]
     for scen, seed in sorted({(s, int(sd)) for s, sd in zip(df["scenario"], df["seed"])})[:1]:
         fname = f"tsne__{_slug(scen, f'seed{seed}')}.png"
+        solo = df[(df["method"] == "base_pretrain") & (df["scenario"] == scen) & (df["seed"] == seed)]
+        ckpts = (sorted({Path(d) / "model.pt" for d in solo["run_dir"].dropna()}) if "run_dir" in solo.columns
+                 else None)  # the grid's own BASE runs (run folders carry their identity: issue 50)
         try:
-            ok = pretrained_embedding(Path(pretrain_root), Path(partitions_root) / scen, scen, seed, out / fname)
+            ok = pretrained_embedding(Path(pretrain_root), Path(partitions_root) / scen, scen, seed, out / fname,
+                                      ckpts=ckpts)
         except Exception as exc:  # a figure never fails the report
             logging.getLogger(__name__).warning("t-SNE figure skipped: %s", exc)
             ok = False

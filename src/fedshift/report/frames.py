@@ -76,6 +76,16 @@ def tuned_budget(report_cfg: dict, sub: pd.DataFrame) -> str:
             f"selected by {t.get('metric')} on validation.")
 
 
+def tuned_values(df: pd.DataFrame) -> dict:
+    """method -> the values its tune chose (``lr=0.003 beta=0.9``, collect's ``tuned_values``), '' for an
+    untuned method: the tables' ``tuned`` column (issue 50)."""
+    if "tuned_values" not in df.columns:
+        return {}
+    text = df["tuned_values"].astype(object).where(df["tuned_values"].notna(), "").astype(str)  # all-NaN: float64
+    vals = df.assign(tuned_values=text).groupby("method")["tuned_values"]
+    return {m: " / ".join(sorted(set(v) - {""})) for m, v in vals}
+
+
 def ordered(present, methods: Optional[Sequence[str]] = None) -> List[str]:
     """``present`` in the order of ``methods`` (the grid's), the rest after them, sorted."""
     present = list(present)

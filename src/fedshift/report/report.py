@@ -29,7 +29,7 @@ from .comparison import comparison_section, separated_cells  # Δ paired by seed
 from .delta_markdown import interval_coverage  # what the intervals cover, said once for every section
 from .figures import report_figures  # per-participant, heatmaps, cross-correlation, ablations, t-SNE
 from .frames import headline_frame, ordered, participant_archs
-from .frames import selection_note, tuned_budget
+from .frames import selection_note, tuned_budget, tuned_values
 from .frames import topk as _topk
 from .grid_claims import grid_claims_section
 from .h2l import h2l_section  # FedH2L Table II (ACC / WDP / CDP) when the runs wrote pooled rows
@@ -38,6 +38,7 @@ from .palette import method_colours
 from .records import records_section  # issue 52: which numbers come from committed records, and with which code
 from .paper_delta import delta_report  # published tables (report.published) and the papers' claims
 from .rounds import rounds_report
+from . import runs_read
 from .ours import parse_sizes
 from .stats import MIN_N, fmt_interval, half_width, images_behind, resolution
 from .tables import Cell, Table, TableText
@@ -271,6 +272,7 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
         md += rounds_report(full, tmp, figure_cfg, last_k)
         md += report_figures(df, tmp, figure_cfg, last_k, tables=named)
         md += records_section(report_cfg, full)
+        md += runs_read.section(Path(runs_csv), tmp)  # issue 50: the run folders read, each with its identity
         (tmp / "report.md").write_text("\n".join(md))
         write_views(md, tmp, report_cfg.get("title", "fedshift report"))
         written = sorted(tmp.iterdir())
@@ -300,7 +302,7 @@ def results_tables(head: pd.DataFrame, runs: pd.DataFrame, where: str, methods: 
             ci.to_csv(out / f"ci_table_{kind}__{slug}.csv")  # 95% CI half-width, same layout
         name = f"{title} ({kind}, {metric})" if title else f"{label} {metric}"
         md.append(to_markdown(t, f"{name}: {where}", ci, archs, seed_table(head, kind, metric),
-                              column_resolution(runs, kind, metric, t.columns)))
+                              column_resolution(runs, kind, metric, t.columns), tuned_values(runs)))
         if kind == "inter" and not title:
             md += mixed_protocols(runs)
         if both is not None:
@@ -332,24 +334,51 @@ def tuned_section(report_cfg: Dict, out: Path) -> List[str]:
              f"tuning seeds {b.get('seeds')}; {b.get('rounds')} rounds, early-stopping patience {b.get('patience')}); "
              "test data never seen. `val score`: the chosen candidate's; `diverged`: how many candidates' loss or "
              "weights became non-finite (never chosen); `scores`: every candidate's values and validation score (%), "
-             "`diverged` in place of a score; `(tie of k: first listed)` after a chosen value: k candidates share the "
-             "best score and the first listed is taken (docs/tuning.md).", ""]
-    edges, rows = [], []
+             "`diverged` in place of a score; `(tie of k: first listed)` after a chosen value: the best-scoring "
+             "candidates hold k values of this parameter and the first listed is taken; `(no effect)`: no value "
+             "of this parameter changed any candidate's score; `budget`: candidates x rounds x tuning seeds "
+             "(docs/tuning.md).", ""]
+    edges, inert, rows = [], [], []
     for r in df.itertuples(index=False):
         chosen = f"{r.chosen}"
         if _on_edge(r.candidates, r.chosen):
             chosen += " (edge)"
             edges.append(f"{r.method} {r.parameter}")
-        tied = [x for x in str(r.scores).split("; ") if x.rsplit(": ", 1)[-1] == f"{r.val_score:.2f}"]
-        if len(tied) > 1:  # chosen by order among equal scores (often: all at chance)
-            chosen += f" (tie of {len(tied)}: first listed)"
+        tied = int(r.tied_values) if "tied_values" in df.columns else 1  # per parameter (issue 50)
+        if tied > 1:  # chosen by order among equal scores (often: all at chance)
+            chosen += f" (tie of {tied}: first listed)"
+        if "no_effect" in df.columns and str(r.no_effect) == "True":
+            chosen += " (no effect)"
+            inert.append(f"{r.method} {r.parameter} ({r.scenario} / {r.structure})")
         div = (f"{r.diverged} of {r.n_candidates}" if "n_candidates" in df.columns else "")
         rows.append([r.scenario, r.public, r.method, r.structure, r.parameter, r.candidates, chosen,
-                     f"{r.val_score:.2f}", div, r.scores])
+                     f"{r.val_score:.2f}", div, getattr(r, "budget", ""), r.scores])
     lines.append(Table(["scenario", "public", "method", "structure", "parameter", "candidates", "chosen",
-                        "val score (%)", "diverged", "scores"], rows, align="lllllllrll").text())
+                        "val score (%)", "diverged", "budget", "scores"], rows, align="lllllllrlrl").text())
     if edges:
         lines += ["", f"**Chosen at the edge of its range** (the smallest or largest of more than two numeric "
                       f"candidates): {', '.join(edges)}. The best value may lie outside the range searched; "
                       "widen it before reading these rows as tuned."]
+    if inert:
+        lines += ["", f"**No effect on any score:** {', '.join(inert)}: every value gave every candidate the same "
+                      "validation score (the method may not use it under this grid's scoring or data: read its "
+                      "Params in `fedshift list --long`)."]
+    lines += unequal_budgets(df)
     return lines + [""]
+
+
+def unequal_budgets(tuned: pd.DataFrame) -> List[str]:
+    """A warning per (scenario, public, structure) whose tuned methods had different budgets (candidates x
+    rounds x tuning seeds): a method searched with fewer candidates is compared at a disadvantage (issue 50)."""
+    if "budget" not in tuned.columns:
+        return []
+    out = []
+    per = tuned.drop_duplicates(["scenario", "public", "structure", "method"])
+    for (scen, pub, struct), g in per.groupby(["scenario", "public", "structure"]):
+        if g["budget"].nunique() > 1:
+            each = ", ".join(f"{r.method} {r.n_candidates} x {r.rounds} x {len(str(r.seeds).split())} = {r.budget}"
+                             for r in g.itertuples(index=False))
+            out += ["", f"**⚠ Unequal tuning budgets** on {scen} / {pub} / {struct} (candidates x rounds x tuning "
+                        f"seeds = rounds of tuning): {each}. A method tuned with fewer candidates is compared at a "
+                        "disadvantage: give every method the same number of candidates."]
+    return out

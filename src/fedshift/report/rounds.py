@@ -24,7 +24,7 @@ from typing import Dict, List, Mapping, Optional, Sequence
 
 import pandas as pd
 
-from .frames import tuned_budget
+from .frames import tuned_budget, tuned_values
 from .tables import Table, TableText
 
 BASELINE = "fedavg"
@@ -182,7 +182,7 @@ def rounds_report(df: pd.DataFrame, out_dir: Path, report_cfg: Mapping, last_k: 
         table.to_csv(Path(out_dir) / f"rounds__{slug}.csv")
         p = published[published["scenario"] == stand_in.get(scen, scen)]
         p = p[p["metric"].astype(str).str.startswith(("rounds_to/", "global/"))]
-        md.append(to_markdown(table, targets, f"{scen} / public {pub} / {struct}", p))
+        md.append(to_markdown(table, targets, f"{scen} / public {pub} / {struct}", p, tuned_values(gg)))
         md += tuned_rounds_note(gg, report_cfg)  # issue 36: which rows ran at tuned values, by what budget
         curves_figure(gg, Path(out_dir) / f"global_curves__{slug}.png", f"{scen} / {struct}", targets,
                       report_cfg.get("method_order"))

@@ -11,6 +11,7 @@ import subprocess
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
+from ..config import values_text
 from .calls import Worker, call_timeout, default_uri, retry
 from .mlflow_adapter import mlflow_run
 from .store import REPORT_EXPERIMENT
@@ -39,24 +40,40 @@ def git_commit(root: Path | None = None) -> str:
 # soft delete; ``mlflow gc`` purges it) and the new run carries ``fedshift.replaces``.
 
 RUN_KEY_TAG = "fedshift.run_key"
+IDENTITY_TAG = "fedshift.identity"  # what the run computes (fedshift.provenance.run_identity; issue 50)
+NAME_ID_CHARS = 6  # the identity's first characters at the end of a run's name
 
 
 def run_display_name(cfg: Mapping[str, Any]) -> str:
     """Short, unique within its experiment (the scenario: :func:`job_experiment`), what differs
-    first so MLflow's name column does not cut it off: 'fccl_plus s0 demo_mixed photo_patches'
-    (federate) or 'lenet m20 s0' (pretrain, in ``<scenario>-pretrain``)."""
+    first so MLflow's name column does not cut it off: 'fccl_plus s0 demo_mixed photo_patches 1a2b3c'
+    (federate; the last word: the first characters of the run's identity, so the runs of two grids that set
+    a method differently have two names), 'lenet m20 s0 4d5e6f' (pretrain, in ``<scenario>-pretrain``), or
+    'tune/fedavgm lr=0.01 beta=0.9 s100 homo_lenet' (a tuning candidate, in ``<scenario>-tune``: its values)."""
+    rid = str(cfg.get("identity") or "")[:NAME_ID_CHARS]
+    tail = f" {rid}" if rid else ""
     if cfg.get("kind") == "pretrain":
-        return f"{cfg['arch']} {cfg['participant']} s{cfg['seed']}"
+        return f"{cfg['arch']} {cfg['participant']} s{cfg['seed']}{tail}"
     public = cfg.get("public") or "none"
-    return f"{cfg['method']} s{cfg['seed']} {cfg['structure']}" + ("" if public == "none" else f" {public}")
+    where = f"{cfg['structure']}" + ("" if public == "none" else f" {public}")
+    if cfg.get("tune"):
+        return f"tune/{cfg['method']} {values_text(cfg['tune']['values'])} s{cfg['seed']} {where}{tail}"
+    return f"{cfg['method']} s{cfg['seed']} {where}{tail}"
+
+
+def job_kind(cfg: Mapping[str, Any], kind: str) -> str:
+    """``tune`` for a tuning candidate (a federated job on the holdout), else ``kind``."""
+    return "tune" if kind == "federate" and cfg.get("tune") else kind
 
 
 def job_tags(cfg: Mapping[str, Any], kind: str) -> Dict[str, str]:
     """Tags for filtering in the UI: every wildcard (bare and as ``wildcard.<name>``), the
-    method family, the run key and the commit."""
+    method family, the run key, the run's identity and the commit."""
     wildcards = {k: str(v) for k, v in (cfg.get("wildcards") or {}).items()}
-    tags = {"fedshift.kind": kind, RUN_KEY_TAG: str(cfg["run_name"]), "git.commit": git_commit(), **wildcards,
-            **{f"wildcard.{k}": v for k, v in wildcards.items()}}
+    tags = {"fedshift.kind": job_kind(cfg, kind), RUN_KEY_TAG: str(cfg["run_name"]), "git.commit": git_commit(),
+            **wildcards, **{f"wildcard.{k}": v for k, v in wildcards.items()}}
+    if cfg.get("identity"):
+        tags[IDENTITY_TAG] = str(cfg["identity"])
     if cfg.get("base_method"):
         tags["base_method"] = str(cfg["base_method"])
     return tags
@@ -87,8 +104,10 @@ def replace_previous_runs(experiment: str, run_key: str, root: Path | None = Non
 
 
 def job_experiment(cfg: Mapping[str, Any], kind: str) -> str:
-    """Federated runs in ``<scenario>``, pretrain (BASE) runs in ``<scenario>-pretrain``: the
-    experiment MLflow opens on holds only the runs the tables compare (issue 22, point 7)."""
+    """Federated runs in ``<scenario>``, pretrain (BASE) runs in ``<scenario>-pretrain``, tuning candidates in
+    ``<scenario>-tune``: the experiment MLflow opens on holds only the runs the tables compare (issue 22,
+    point 7; issue 50)."""
+    kind = job_kind(cfg, kind)
     return str(cfg["scenario"]) if kind == "federate" else f"{cfg['scenario']}-{kind}"
 
 

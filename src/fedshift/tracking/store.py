@@ -105,17 +105,29 @@ def headline_view_path(experiment_id: str) -> str:
 def experiment_description(name: str, experiment_id: str) -> str:
     """The experiment's description (Markdown): what its runs are and how to land on the answer."""
     if name == REPORT_EXPERIMENT:
-        return ("fedshift reports: one run per grid, named `report/<report.name>` (`report/main`: the "
+        return ("fedshift reports: one run per grid.\n\nRun name `report/<report.name>` (`report/main`: the "
                 "default grid). Its artifacts hold `report.md`, the tables (CSV) and the figures; the "
                 "same files are in `results/report/` (or `results/ablations/<name>/report/`).")
     if name.endswith("-pretrain"):
-        return (f"fedshift: SOLO/BASE pretraining runs of scenario `{name[:-len('-pretrain')]}`, one per "
-                "participant x architecture x seed (run name `<arch> <participant> s<seed>`); the report's "
+        return (f"SOLO/BASE pretraining runs of scenario {name[:-len('-pretrain')]}, one per "
+                "participant x architecture x seed.\n\n"
+                "Run name `<arch> <participant> s<seed> <identity>`; the report's "
                 "`base_pretrain` row. The federated runs are in the experiment named after the scenario.")
-    return (f"**[Open the headline view]({headline_view_path(experiment_id)})**: the AVG inter / intra of "
-            f"every federated run of scenario `{name}`, side by side.\n\n"
-            "One run per method x seed x structure x public set (run name `<method> s<seed> <structure> "
-            "<public set>`). The headline view: federated runs sorted by name, first columns "
+    if name.endswith("-tune"):
+        return (f"Tuning candidates of scenario {name[:-len('-tune')]}: one run per candidate x tuning seed, "
+                "scored on the validation holdout.\n\n"
+                "Run name `tune/<method> <values> s<seed> <structure> <public set> <identity>`, tags "
+                "`fedshift.kind: tune`, `tune.<parameter>`, `tune.diverged`. The chosen values and every "
+                "candidate's score: `tuned.csv` and the report's Tuned hyper-parameters section (docs/tuning.md). "
+                "The seeded runs are in the experiment named after the scenario.")
+    # The experiments list shows a description as raw text (its start: plain words); the runs page shows the
+    # rendered first line without expanding it (the link). Issue 50, benchmarks/results/first_view/.
+    return (f"Federated runs of scenario {name}. **[Open the headline view]({headline_view_path(experiment_id)})**: "
+            "AVG inter / intra of every run side by side.\n\n"
+            "One run per method x seed x structure x public set, run name `<method> s<seed> <structure> <public set> "
+            "<identity>` (the identity: the first characters of the run's settings hash, tag `fedshift.identity`; "
+            "two grids that set a method differently give two runs). The headline view: federated runs sorted by "
+            "name, first columns "
             "`table/AVG_inter` and `table/AVG_intra` (percent, rounded to 0.01: the AVG columns of the "
             "report's tables for that seed), then `time/total_s`, `method`, `structure`; a first chart "
             "section with the headline per method. Per-round curves: `avg/inter/top1`, "
@@ -143,7 +155,7 @@ SHARED_VIEW_KEY = "fedshift-headline"
 def _federated_experiment(name: str) -> bool:
     """Experiments of federated runs: not MLflow's Default, the reports' or ``<scenario>-pretrain``
     (the names :func:`job_experiment` and :func:`report_run` give)."""
-    return name not in (REPORT_EXPERIMENT, "Default") and not name.endswith("-pretrain")
+    return name not in (REPORT_EXPERIMENT, "Default") and not name.endswith(("-pretrain", "-tune"))
 
 
 def headline_view_state(metric: str = "table/AVG_inter",
