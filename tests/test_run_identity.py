@@ -124,13 +124,16 @@ def test_two_grids_that_set_one_method_differently_both_survive_and_both_reports
     starts = {yaml.safe_load((d / "config.yaml").read_text())["method_params"]["init"] for d in fedavg}
     assert starts == {"scratch", "base"}
     assert len(list((root / "results/federate/rotmnist/photo_patches/fedmd/homo_lenet").glob("seed0-*"))) == 1
-    read = {n: pd.read_csv(root / f"results/ablations/{n}/report/runs_read.csv") for n in grids}
+    frames = {n: pd.read_csv(root / f"results/ablations/{n}/report/runs_read.csv") for n in grids}
+    assert len(frames["b"][frames["b"]["kind"] == "pretrain"]) == 4  # b's FedAvg starts from the BASE runs it read
+    read = {n: r[r["kind"] == "federate"] for n, r in frames.items()}
     assert set(read["a"]["run_dir"]) != set(read["b"]["run_dir"]) and len(read["a"]) == len(read["b"]) == 2
     assert "## Runs read" in (root / "results/ablations/a/report/report.md").read_text()
 
     for name in grids:  # both reports current after both grids ran
         res = run(f"fedshift validate --experiments {name}.yaml", root)
-        assert f"report results/ablations/{name}/report: current (2 run folders read" in res.stdout, res.stdout
+        assert f"report results/ablations/{name}/report: current ({len(frames[name])} run folders read" in res.stdout, \
+            res.stdout
 
     import mlflow  # both FedAvg runs live in MLflow: the second did not replace (delete) the first
 
@@ -150,7 +153,7 @@ def test_two_grids_that_set_one_method_differently_both_survive_and_both_reports
     assert f"{a_fedavg}: newer run: a newer run of identity" in res.stdout
     assert "results/ablations/b/report: current" in run("fedshift validate --experiments b.yaml", root).stdout
     # grid a now asks for another FedAvg: its report names the run it no longer asks for
-    (root / "a.yaml").write_text(yaml.safe_dump({**grids["a"], "methods": {"fedavg": {"weighting": "uniform"}}}))
+    (root / "a.yaml").write_text(yaml.safe_dump({**grids["a"], "methods": {"fedavg": {"init": "base"}}}))
     res = run("fedshift validate --experiments a.yaml", root)
     assert f"{a_fedavg}: not asked: the grid no longer asks for this run" not in res.stdout  # stale for the first reason
     rounds.write_bytes(read_bytes)

@@ -113,7 +113,7 @@ class FPL(FedAvg):
         protos = torch.stack([s / n.clamp(min=1).unsqueeze(1) for s, n in sums])
         has = torch.stack([n > 0 for _, n in sums])
         self.clusters, self.owner, self.unbiased, self.present = fpl_server_prototypes(protos, has)
-        self._absent(self.present, r)
+        self._absent(self.present, ctx.round)
         return metrics
 
     def state_dict(self) -> Dict[str, Any]:
