@@ -49,8 +49,10 @@ demo: $(STAMP)  ## install, dvc repro, snakemake: the default grid end to end (a
 	dvc repro && snakemake --cores all && \
 	echo "demo finished in $$(( $$(date +%s) - start )) s: results/collect/runs.csv, results/report/, mlflow.db (mlflow ui)"
 
-test: $(STAMP)  ## the test suite, as CI runs it (about 17 min)
-	$(PY) -m pytest -q
+# Two workers (pytest-xdist), each running whole test files (--dist loadfile: a file's module fixtures, such as
+# test_workflow's one pipeline, are built once and its order-dependent tests stay in order).
+test: $(STAMP)  ## the test suite, as CI runs it (two workers; about 15 min on 2 cores)
+	$(PY) -m pytest -q -n 2 --dist loadfile
 
 lint: $(STAMP)  ## snakemake --lint
 	snakemake --lint

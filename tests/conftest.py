@@ -38,3 +38,10 @@ def tiny_data(tmp_path_factory):
     from fedshift.testing import build_tiny_data
 
     return build_tiny_data(tmp_path_factory.mktemp("build"))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Files with end-to-end (``slow``) tests first, in their own order: `make test` runs two workers that take
+    whole files (--dist loadfile), and a long file handed out last would leave one worker idle at the end."""
+    slow = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow)  # stable: the files' and their tests' order otherwise kept

@@ -346,7 +346,7 @@ def test_kill9_then_data_change_then_rerun_starts_afresh(ran):
     import time
 
     root, _, _ = ran
-    grid = dict(TINY_GRID, engine=dict(TINY_GRID["engine"], rounds=200, checkpoint_min_s=0),
+    grid = dict(TINY_GRID, engine=dict(TINY_GRID["engine"], rounds=60, checkpoint_min_s=0),
                 grid=[dict(TINY_GRID["grid"][0], methods=["fedavg"])])
     (root / "long.yaml").write_text(yaml.safe_dump(grid))
     env = dict(os.environ, PATH=f"{BIN}:{os.environ['PATH']}", MLFLOW_DISABLE_TELEMETRY="true", FEDSHIFT_TRACKING="none")
