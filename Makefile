@@ -51,7 +51,7 @@ demo: $(STAMP)  ## install, dvc repro, snakemake: the default grid end to end (a
 
 # Two workers (pytest-xdist), each running whole test files (--dist loadfile: a file's module fixtures, such as
 # test_workflow's one pipeline, are built once and its order-dependent tests stay in order).
-test: $(STAMP)  ## the test suite, as CI runs it (two workers; about 15 min on 2 cores)
+test: $(STAMP)  ## the test suite, as CI runs it (two workers; about 17 min on 2 cores)
 	$(PY) -m pytest -q -n 2 --dist loadfile
 
 lint: $(STAMP)  ## snakemake --lint
