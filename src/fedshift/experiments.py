@@ -641,6 +641,19 @@ def _drawn_with(folder: Path) -> Tuple[Optional[int], Optional[str]]:
     return None, None
 
 
+def redrawn_from(folder) -> Optional[Tuple[str, Path]]:
+    """(workflow rule, DVC's folder) of a folder a workflow rule draws per seed or per test protocol
+    (workflow/rules/data.smk: ``partition_seed``, ``partition_protocol``, ``public_seed``, each drawn from DVC's
+    folder of the same scenario or public set, which `dvc repro` must build first); None for DVC's own folders."""
+    folder = Path(folder)
+    seed, protocol = _drawn_with(folder)
+    if seed is None:
+        return None
+    if folder.parent.parent.name == SEEDED_PUBLIC:
+        return "public_seed", folder.parents[2] / "public" / folder.parent.name
+    return ("partition_protocol" if protocol else "partition_seed"), folder.parents[2] / "partitions" / folder.parent.name
+
+
 def check_built_data(configs, data_params: Path | Mapping, build: str = "build") -> None:
     """The data the jobs will read is the data their grid names (issue 51 R18): every partition, public set
     and dataset already built under ``build`` that a job of ``configs`` (resolved federate / pretrain /
@@ -679,11 +692,9 @@ def check_built_data(configs, data_params: Path | Mapping, build: str = "build")
         if diff is None:
             continue
         key, built, asked = diff
-        if seed is not None:
-            parent = Path(folder).parent.parent.name  # partitions_seeded | partitions_<protocol> | public_seeded
-            rule = ("public_seed" if parent.startswith("public") else
-                    "partition_seed" if parent == "partitions_seeded" else "partition_protocol")
-            fix = f"remove {folder}: the workflow's {rule} rule redraws it from {shown}"
+        redraw = redrawn_from(folder)
+        if redraw:
+            fix = f"remove {folder}: the workflow's {redraw[0]} rule redraws it from {shown}"
         elif shown == "params/data.yaml":
             fix = "run `dvc repro` to rebuild it"
         else:

@@ -21,15 +21,15 @@ def _data_not_built(plan, data_params: Path) -> Optional[str]:
     (and the hand-supplied archives they need), or None when all are there. The grid itself is valid
     either way: Snakemake's dvc_repro job builds them, or stops with one line when it cannot."""
     from ..data.registry import DATASETS, PUBLIC_SETS, SCENARIOS
+    from ..experiments import redrawn_from
 
     folders = {c["paths"]["partition"] for c in (*plan.federate.values(), *plan.needed_pretrain().values())}
     folders |= {c["paths"]["public"] for c in plan.federate.values() if c["paths"].get("public")}
     # a per-seed or per-protocol folder (engine.data_seed: run, test_protocol) is drawn by the workflow's
     # partition_seed / partition_protocol / public_seed rule from DVC's folder of its scenario or public set:
     # that one is what `dvc repro` must build (issue 51 R19, issue 47)
-    redrawn = {f for f in folders if Path(f).name.startswith("seed")}
-    folders = {str(Path(f).parents[2] / ("public" if Path(f).parent.parent.name.startswith("public") else "partitions")
-                   / Path(f).parent.name) if f in redrawn else f for f in folders}
+    redraws = {f: redrawn_from(f) for f in folders}
+    folders = {str(r[1]) if r else f for f, r in redraws.items()}
     missing = sorted(f for f in folders if not (Path(f) / "manifest.json").is_file())
     if not missing:
         return None
@@ -43,7 +43,7 @@ def _data_not_built(plan, data_params: Path) -> Optional[str]:
     manual = sorted(d for d in datasets if d in DATASETS and DATASETS.get(d).manual)
     how = ("`dvc repro`" if data_params == Path("params/data.yaml") else
            f"`dvc repro` after copying {data_params} over params/data.yaml (DVC builds from that file only)")
-    drawn = bool(redrawn)
+    drawn = any(redraws.values())
     return (f"data not built yet: {', '.join(missing)}; build with {how}"
             + (" (the workflow's partition_seed / partition_protocol / public_seed jobs draw the grid's seed<k> "
                "folders from what it builds)" if drawn else "")
