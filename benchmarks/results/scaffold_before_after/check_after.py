@@ -1,5 +1,5 @@
-"""The same independent checks on the docs/extending.md SCAFFOLD block, run against /work/main (read-only)."""
-import re
+"""The same independent checks on the docs/extending.md SCAFFOLD block, with today's API (see README.md)."""
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -9,11 +9,11 @@ import torch
 torch.set_num_threads(1)
 from fedshift.testing import build_tiny_data, resumed_round_three, tiny_federation  # noqa: E402
 
-code = re.search(r"```python\n(.*?)```", Path("/work/main/docs/extending.md").read_text().split(
-    "### Per-participant state and a server step")[1], re.S).group(1)
-ns = {"__name__": "scaffold_doc"}
-exec(compile(code, "docs/extending.md", "exec"), ns)
-Scaffold = ns["Scaffold"]
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[3] / "tests")]
+from _shared import record_grads  # noqa: E402
+from test_method_contract import _doc_scaffold  # noqa: E402
+
+_, Scaffold = _doc_scaffold()  # the docs block, read and executed as tests/test_method_contract.py does
 from fedshift.methods.base import ServerParams  # noqa: E402
 
 ARCHS = ("lenet",) * 4
@@ -22,20 +22,6 @@ t0 = time.time()
 root = build_tiny_data(Path(tempfile.mkdtemp(prefix="scaffold_after_")) / "build")
 
 
-def record_grads(fed, store):
-    orig = fed.optimizer_step
-
-    def step(opt, loss, participant, term):
-        ok = orig(opt, loss, participant, term)
-        if ok:
-            model = next(c.model for c in fed.clients if c.name == participant)
-            s = store.setdefault(participant, {"K": 0, "g": {}})
-            s["K"] += 1
-            for n, p in model.named_parameters():
-                s["g"][n] = s["g"].get(n, 0) + p.grad.detach().clone()
-        return ok
-
-    fed.optimizer_step = step
 
 
 def check(eval_models, rounds=3, **engine):

@@ -1,13 +1,13 @@
-import ast, io, re, tokenize
-from pathlib import Path
+"""Lines of code of the three SCAFFOLDs, by the counter tests/test_method_contract.py holds plugins to (a module
+docstring counted apart: the docs block has none)."""
+import ast
+import sys
 
-def loc(code):  # tests/test_method_contract.py:123-132 (_lines_of_code), copied
-    doc = {n.body[0].lineno for n in ast.walk(ast.parse(code)) if isinstance(n, (ast.ClassDef, ast.FunctionDef))
-           and n.body and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
-    lines = {t.start[0] for t in tokenize.generate_tokens(io.StringIO(code).readline)
-             if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT,
-                               tokenize.ENDMARKER)}
-    return len(lines - doc)
+from _shared import HERE, REPO
+
+sys.path.insert(0, str(REPO / "tests"))
+from test_method_contract import _doc_scaffold, _lines_of_code  # noqa: E402
+
 
 def module_doc_lines(code):
     t = ast.parse(code)
@@ -15,10 +15,11 @@ def module_doc_lines(code):
         return t.body[0].end_lineno - t.body[0].lineno + 1
     return 0
 
-after = re.search(r"```python\n(.*?)```", Path("/work/main/docs/extending.md").read_text().split(
-    "### Per-participant state and a server step")[1], re.S).group(1)
-before = Path("/tmp/scaffold_before_after/scratch_scaffold.py").read_text()
-builtin = Path("/work/main/src/fedshift/methods/scaffold.py").read_text()
+
+after, _ = _doc_scaffold()
+before = (HERE / "scratch_scaffold.py").read_text()
+builtin = (REPO / "src/fedshift/methods/scaffold.py").read_text()
 for name, code in (("before (old API plugin)", before), ("after (docs block)", after), ("built-in scaffold.py", builtin)):
-    print(name, "loc incl. module docstring:", loc(code), "module docstring lines:", module_doc_lines(code),
-          "=> code lines:", loc(code) - module_doc_lines(code))
+    loc = _lines_of_code(code)
+    print(name, "loc incl. module docstring:", loc, "module docstring lines:", module_doc_lines(code),
+          "=> code lines:", loc - module_doc_lines(code))

@@ -1,11 +1,16 @@
-import re
-from pathlib import Path
-from fedshift.engine.config import EngineConfig
-from fedshift.methods.base import check_requirements
-code = re.search(r"```python\n(.*?)```", Path("/work/main/docs/extending.md").read_text().split(
-    "### Per-participant state and a server step")[1], re.S).group(1)
-ns = {"__name__": "scaffold_doc"}; exec(code, ns)
+"""The docs block's Requirements refuse the engine's default optimiser (Adam) before any job."""
+import sys
+
+from _shared import REPO
+
+sys.path.insert(0, str(REPO / "tests"))
+from fedshift.engine.config import EngineConfig  # noqa: E402
+from fedshift.methods.base import check_requirements  # noqa: E402
+from test_method_contract import _doc_scaffold  # noqa: E402
+
+_, Scaffold = _doc_scaffold()
 try:
-    check_requirements("scaffold_plugin", ns["Scaffold"].requires, EngineConfig(), "none"); print("accepted")
+    check_requirements("scaffold_plugin", Scaffold.requires, EngineConfig(), "none")
+    print("accepted")
 except Exception as e:
     print(type(e).__name__, e)

@@ -1,4 +1,5 @@
-"""Tiny in-process checks of scratch_scaffold.py under the old API (scratch; never committed)."""
+"""Tiny in-process checks of scratch_scaffold.py under the API before issue 49 (run with that checkout's src/ on
+PYTHONPATH; see README.md)."""
 import sys
 import tempfile
 import time
@@ -14,6 +15,8 @@ from fedshift.engine.sampling import check_engine  # noqa: E402
 from fedshift.testing import build_tiny_data, resumed_round_three, tiny_federation  # noqa: E402
 
 from fedshift.methods.base import ServerParams as ScaffoldParams  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # scratch_scaffold, _shared: beside this file
+from _shared import record_grads  # noqa: E402
 from scratch_scaffold import Scaffold  # noqa: E402
 
 ARCHS = ("lenet",) * 4
@@ -23,22 +26,6 @@ root = build_tiny_data(Path(tempfile.mkdtemp(prefix="scaffold_before_")) / "buil
 print(f"tiny data built in {time.time() - t0:.1f}s")
 
 
-def record_grads(fed, store):
-    """Wrap fed.optimizer_step: after each step, add each parameter's .grad (the corrected gradient the SGD
-    step used) into store[client] and count the step: an independent K_i and mean step direction."""
-    orig = fed.optimizer_step
-
-    def step(opt, loss, participant, term):
-        ok = orig(opt, loss, participant, term)
-        if ok:
-            model = next(c.model for c in fed.clients if c.name == participant)
-            s = store.setdefault(participant, {"K": 0, "g": {}})
-            s["K"] += 1
-            for n, p in model.named_parameters():
-                s["g"][n] = s["g"].get(n, 0) + p.grad.detach().clone()
-        return ok
-
-    fed.optimizer_step = step
 
 
 def check_protocol(eval_models, rounds=3, **engine):
