@@ -20,7 +20,7 @@ from fedshift.methods import create_method
 from fedshift.methods.fedmd import FedMD
 
 from fedshift.testing import tiny_federation
-from helpers import client_params
+from helpers import client_params, reference_batches
 
 TRANSFER = {"public_data": "seed", "public_subset": 64, "homogeneous_averaging": "none"}
 
@@ -38,15 +38,10 @@ def _hand_train(model, x, y, gen, epochs, batch, lr, wd):
     ``batch`` in that order (a last batch of one sample skipped), mean cross-entropy per batch."""
     opt = torch.optim.Adam(model.parameters(), lr=lr, weight_decay=wd)
     model.train()
-    for _ in range(epochs):
-        order = torch.randperm(len(y), generator=gen)
-        for s in range(0, len(y), batch):
-            sel = order[s:s + batch]
-            if len(sel) < 2:
-                continue
-            opt.zero_grad()
-            F.cross_entropy(model(normalize(x[sel])), y[sel]).backward()
-            opt.step()
+    for xb, yb in reference_batches((x, y), gen, batch, epochs, normalize):
+        opt.zero_grad()
+        F.cross_entropy(model(xb), yb).backward()
+        opt.step()
 
 
 def test_transfer_equals_public_then_private_training_by_hand(tiny_data):

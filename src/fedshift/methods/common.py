@@ -59,9 +59,14 @@ def refresh_copy(dst: Optional[torch.nn.Module], src: torch.nn.Module) -> torch.
     return dst
 
 
+def cpu_copy(tensors: Mapping[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Detached CPU copies of named tensors (for a method's state_dict: checkpoints are read on the CPU)."""
+    return {k: v.detach().cpu().clone() for k, v in tensors.items()}
+
+
 def model_state(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
     """Detached CPU copies of a model's weights and buffers (for a method's state_dict)."""
-    return {k: v.detach().cpu().clone() for k, v in model.state_dict().items()}
+    return cpu_copy(model.state_dict())
 
 
 def frozen_from_state(like: torch.nn.Module, state: Mapping[str, torch.Tensor]) -> torch.nn.Module:

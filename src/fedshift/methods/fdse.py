@@ -104,7 +104,7 @@ from torch import nn
 from torch.nn.modules.batchnorm import _BatchNorm
 
 from .base import METHODS, Method, ServerParams
-from .common import holding_data
+from .common import cpu_copy, holding_data
 
 State = Dict[str, torch.Tensor]
 
@@ -464,8 +464,7 @@ class FDSE(Method):
 
     # -- resumable state ------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
-        cpu = lambda s: {k: v.detach().cpu().clone() for k, v in s.items()}  # noqa: E731
-        return {"shared": cpu(self.shared), "personal": {n: cpu(s) for n, s in self.personal.items()}}
+        return {"shared": cpu_copy(self.shared), "personal": {n: cpu_copy(s) for n, s in self.personal.items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         unknown = sorted(set(state) - {"shared", "personal"})

@@ -62,6 +62,7 @@ from typing import Any, ClassVar, Dict, List, Mapping, Optional, Sequence
 import torch
 
 from .base import METHODS, ServerParams
+from .common import cpu_copy
 from .fedavg import ServerAveraging
 from .fpl import FPL
 
@@ -185,8 +186,7 @@ class FedHEAL(ServerAveraging):
 
     # -- resumable state ------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
-        cpu = lambda s: {k: v.detach().cpu().clone() for k, v in s.items()}  # noqa: E731
-        return {"history": {n: cpu(h) for n, h in self.history.items()}, "count": dict(self.count),
+        return {"history": {n: cpu_copy(h) for n, h in self.history.items()}, "count": dict(self.count),
                 "sizes": dict(self.sizes), "prev_w": dict(self.prev_w), "prev_delta": dict(self.prev_delta)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:

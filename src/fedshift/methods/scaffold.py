@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import METHODS, Requirements, ServerParams, State
+from .common import cpu_copy
 from .fedavg import ServerAveraging
 
 
@@ -114,8 +115,7 @@ class SCAFFOLD(ServerAveraging):
 
     # -- resumable state ------------------------------------------------------------
     def state_dict(self) -> Dict[str, object]:
-        cpu = lambda s: {k: v.detach().cpu().clone() for k, v in s.items()}  # noqa: E731
-        return {"c": cpu(self.c), "c_i": {n: cpu(s) for n, s in self.c_i.items()}}
+        return {"c": cpu_copy(self.c), "c_i": {n: cpu_copy(s) for n, s in self.c_i.items()}}
 
     def load_state_dict(self, state: Mapping[str, object]) -> None:
         unknown = sorted(set(state) - {"c", "c_i"})
