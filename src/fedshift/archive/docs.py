@@ -172,6 +172,7 @@ def render_table(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[s
         md += ["| scenario | method | " + " | ".join(t for _, t in metrics) + " | n | code |",
                "|---|---|" + "---:|" * len(metrics) + "---:|---|"]
         keys = agg[["scenario", "method", "structure"]].drop_duplicates()
+        bracketed = False  # the caption names the paper's brackets only when a cell has one
         keys = keys.assign(_o=keys["method"].map(lambda m: order.index(m) if m in order else len(order)))
         for scen, method, struct, _ in keys.sort_values(["scenario", "_o", "structure"]).itertuples(index=False):
             cells, n = [], 0
@@ -189,12 +190,12 @@ def render_table(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[s
                             & (pub["metric"] == metric)]
                     if len(p):
                         cell += f" ({float(p['value_num'].iloc[0]):.2f})"
+                        bracketed = True
                 cells.append(cell)
             sub = runs[(runs["scenario"] == scen) & (runs["method"] == method) & (runs["structure"] == struct)]
             md.append(f"| {scen} | {method} | " + " | ".join(cells) + f" | {n} | {_code(sub)} |")
         md += ["", "Mean over seeds ± the 95 % confidence half-width (Student t, n − 1 degrees of freedom; the mean "
-               "alone at n = 1), percent, average over the participants" + (", paper in brackets" if pub is not None
-                                                                              else "") + "; code: the commit each "
+               "alone at n = 1), percent, average over the participants" + (", paper in brackets" if bracketed else "") + "; code: the commit each "
                "record's run was made with."]
     else:
         md.append("No committed record backs this table yet.")
