@@ -311,6 +311,10 @@ def test_archive_then_report_from_records_without_training(ran, tmp_path):
     shutil.rmtree(clone / "results")
     dry = run("FEDSHIFT_TRACKING=none snakemake -n --cores 1", clone).stdout
     assert job_counts(dry) == {"collect": 1, "report": 1, "all": 1, "total": 3}, dry
+    full = job_counts(run("FEDSHIFT_TRACKING=none snakemake -n --cores 1 --config records=none", clone).stdout)
+    assert full["federate"] == 4 and full["pretrain"] == 4, full  # records=none: every run planned again
+    bad = run("FEDSHIFT_TRACKING=none snakemake -n --cores 1 --config records=recrods", clone, check=False)
+    assert bad.returncode != 0 and "--config records=recrods: no such folder" in bad.stdout + bad.stderr
     run("FEDSHIFT_TRACKING=none snakemake --cores 1", clone)
     after = pd.read_csv(clone / "results/collect/runs.csv")
     assert (after["record"].fillna("") != "").all()

@@ -3,6 +3,7 @@ import os
 import sys
 
 from snakemake.exceptions import WorkflowError
+from pathlib import Path
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
@@ -17,7 +18,7 @@ from fedshift.experiments import load_experiments, write_configs, write_if_chang
 
 DATA_PARAMS = config.get("data_params", "params/data.yaml")
 # Execution keys set by a profile or --config, not part of the experiment grid.
-WORKFLOW_KEYS = ("data_params", "gpus_per_job", "threads_per_job", "overlay_of")
+WORKFLOW_KEYS = ("data_params", "gpus_per_job", "threads_per_job", "overlay_of", "records")
 GRID = {k: v for k, v in config.items() if k not in WORKFLOW_KEYS}
 # `--config engine='{rounds: 3}'`: Snakemake parses nested values with YAML's BaseLoader, so every
 # scalar arrives as a string ('3'); typed here as a grid file would type it (fedshift.overrides).
@@ -94,9 +95,18 @@ REPORT_CONFIG = f"results/configs/report-{REPORT_NAME or 'main'}.yaml"
 # The committed archive (issue 52, fedshift.archive): a run whose record in records/<grid>/ is current
 # (same settings on every key both know, same data where built) is not planned again; collect reads the
 # record. A stale record is listed here with the keys that differ, and the run is planned again.
-from fedshift.archive import grid_status, plan_targets
+# `--config records=none` plans every run as if nothing were archived (to rerun a whole grid, or to see
+# its full plan once every run is committed); `--config records=<dir>` reads another archive root.
+from fedshift.archive import GridStatus, grid_status, plan_targets
 
-ARCHIVE = grid_status(PLAN, TUNE)
+RECORDS_ROOT = str(config.get("records", "records"))
+if RECORDS_ROOT == "none":
+    ARCHIVE = GridStatus(REPORT_NAME, Path("records"), {}, {})
+elif not Path(RECORDS_ROOT).is_dir() and RECORDS_ROOT != "records":
+    raise WorkflowError(f"fedshift: error: --config records={RECORDS_ROOT}: no such folder; an archive root (default `records`) "
+                        "or `none` (plan every run, read no record)")
+else:
+    ARCHIVE = grid_status(PLAN, TUNE, root=Path(RECORDS_ROOT))
 for _s in ARCHIVE.stale():
     print(f"fedshift: archive: {_s.line()}; the run is planned again, the record left out", file=sys.stderr)
 TARGETS = plan_targets(PLAN, TUNE, ARCHIVE)
