@@ -279,6 +279,7 @@ def test_generated_table_renders_records_and_the_check_catches_a_hand_edit(tmp_p
     inter = f"32.00 ± {t * 2.0 / math.sqrt(3):.2f}"  # sd of 30, 32, 34 = 2
     intra = f"51.00 ± {t * 1.0 / math.sqrt(3):.2f}"
     assert f"| rotmnist | fedavg | {inter} | {intra} | 3 | 1234abcd |" in text
+    assert "n < 3" not in text and "paper in brackets" not in text  # n = 3 everywhere, no published file
     assert text.startswith("intro\n") and text.endswith("<!-- end generated -->\nend\n")
     # a number typed over the rendering is caught
     page.write_text(text.replace(intra, "51.10 ± 2.48"))
@@ -428,3 +429,4 @@ def test_generated_table_carries_the_solo_row_from_pretrain_records(tmp_path, mo
     text = "\n".join(docs.render_table([docs.grid_records("solo.yaml")], {}))
     assert "| rotmnist | fedavg | 30.00 | 50.00 | 1 | unrecorded code |" in text
     assert "| rotmnist | base_pretrain | – | 90.00 | 1 | unrecorded code |" in text  # SOLO: own domain only here
+    assert "A row with n < 3 gives no verdict" in text  # one seed: the caption says the rows rank nothing

@@ -173,6 +173,7 @@ def render_table(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[s
                "|---|---|" + "---:|" * len(metrics) + "---:|---|"]
         keys = agg[["scenario", "method", "structure"]].drop_duplicates()
         bracketed = False  # the caption names the paper's brackets only when a cell has one
+        ns: List[int] = []
         keys = keys.assign(_o=keys["method"].map(lambda m: order.index(m) if m in order else len(order)))
         for scen, method, struct, _ in keys.sort_values(["scenario", "_o", "structure"]).itertuples(index=False):
             cells, n = [], 0
@@ -194,9 +195,13 @@ def render_table(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[s
                 cells.append(cell)
             sub = runs[(runs["scenario"] == scen) & (runs["method"] == method) & (runs["structure"] == struct)]
             md.append(f"| {scen} | {method} | " + " | ".join(cells) + f" | {n} | {_code(sub)} |")
+            ns.append(n)
         md += ["", "Mean over seeds ± the 95 % confidence half-width (Student t, n − 1 degrees of freedom; the mean "
-               "alone at n = 1), percent, average over the participants" + (", paper in brackets" if bracketed else "") + "; code: the commit each "
-               "record's run was made with."]
+               "alone at n = 1), percent, average over the participants" + (", paper in brackets" if bracketed else "")
+               + "; code: the commit each record's run was made with."]
+        if min(ns, default=3) < 3:
+            md[-1] += (" A row with n < 3 gives no verdict: no difference involving it ranks one method above "
+                       "another (docs/verdicts.md).")
     else:
         md.append("No committed record backs this table yet.")
     return md + [""] + _with_blank(lacking(recs))
