@@ -430,3 +430,26 @@ def test_generated_table_carries_the_solo_row_from_pretrain_records(tmp_path, mo
     assert "| rotmnist | fedavg | 30.00 | 50.00 | 1 | unrecorded code |" in text
     assert "| rotmnist | base_pretrain | – | 90.00 | 1 | unrecorded code |" in text  # SOLO: own domain only here
     assert "A row with n < 3 gives no verdict" in text  # one seed: the caption says the rows rank nothing
+
+
+def test_generated_table_of_a_global_model_grid_shows_the_global_model(tmp_path, monkeypatch):
+    """FedMMD's grids score one global model (rows participant/kind `global`): the table carries its top1
+    (it once rendered an empty header, every row dropped for not being the participants' average)."""
+    monkeypatch.chdir(tmp_path)
+    grid = tiny_grid(methods=["fedavg"], report={"name": "glob", "title": "glob"})
+    grid["grid"][0]["seeds"] = [0, 1, 2]
+    (tmp_path / "params").mkdir()
+    (tmp_path / "params/data.yaml").write_text(yaml.safe_dump(tiny_data_params()))
+    Path("glob.yaml").write_text(yaml.safe_dump(grid))
+    plan, _ = _plan(grid)
+    for job, cfg in plan.federate.items():  # global top1 at the last rounds: 90 / 92 / 94 % over seeds 0-2
+        folder = _fake_run(archive.record_path("federate", job, "glob"), cfg)
+        rows = [{"round": r, "participant": "global", "arch": "lenet", "domain": "all", "kind": "global",
+                 "top1": 0.90 + 0.02 * job.seed, "top5": 1.0} for r in range(4)]
+        pd.DataFrame(rows).to_csv(folder / "rounds.csv", index=False)
+        (folder / archive.RECORD).write_text("{}")
+    text = "\n".join(docs.render_table([docs.grid_records("glob.yaml")], {}))
+    half = stats.t.ppf(0.975, 2) * 2.0 / math.sqrt(3)
+    assert "| scenario | method | global top1 | n | code |" in text
+    assert f"| rotmnist | fedavg | 92.00 ± {half:.2f} | 3 | unrecorded code |" in text
+    assert "percent, the global model;" in text and "n < 3" not in text

@@ -165,7 +165,7 @@ def render_table(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[s
         long = long[~long["metric"].str.match(r"(inter|intra)/top\d") | long.apply(
             lambda r: r["metric"].endswith(scen_k.get(r["scenario"], "top1")), axis=1)]
         agg = aggregate(long)
-        agg = agg[agg["participant"] == "avg"]
+        agg = agg[agg["participant"].isin(["avg", "global"])]  # the participants' average; a global model's own row
         metrics = _metrics(agg, bool(runs["kind"].isin(["acc", "wdp", "cdp"]).any()))
         pub = _published(recs)
         order = list(dict.fromkeys(m for r in recs for _, m, _, _ in r.planned))
@@ -197,7 +197,8 @@ def render_table(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[s
             md.append(f"| {scen} | {method} | " + " | ".join(cells) + f" | {n} | {_code(sub)} |")
             ns.append(n)
         md += ["", "Mean over seeds ± the 95 % confidence half-width (Student t, n − 1 degrees of freedom; the mean "
-               "alone at n = 1), percent, average over the participants" + (", paper in brackets" if bracketed else "")
+               "alone at n = 1), percent, " + ("average over the participants" if any(m != "global/top1" for m, _ in metrics)
+                                                 else "the global model") + (", paper in brackets" if bracketed else "")
                + "; code: the commit each record's run was made with."]
         if min(ns, default=3) < 3:
             md[-1] += (" A row with n < 3 gives no verdict: no difference involving it ranks one method above "
