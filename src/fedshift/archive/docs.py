@@ -232,6 +232,22 @@ def word(verdict: str) -> str:
     return verdict
 
 
+def _lacking_for_claim(claim: Mapping, runs: pd.DataFrame, names: Optional[Mapping[str, str]]) -> str:
+    """Which of ``claim``'s compared methods (``method`` or ``method@scenario``) have no record at which of
+    its scenarios: ``fedh2l at rotmnist_a05, rotmnist_a10; ind at rotmnist_a15``."""
+    have = set(zip(runs["scenario"], runs["method"]))
+    scenarios = claim.get("scenarios") or sorted(runs["scenario"].unique())
+    miss: Dict[str, List[str]] = {}
+    for pair in claim.get("compare") or []:
+        for item in pair:
+            method, _, at = str(item).partition("@")
+            method = (names or {}).get(method, method)
+            for scen in ([at] if at else scenarios):
+                if (scen, method) not in have and scen not in miss.get(method, []):
+                    miss.setdefault(method, []).append(scen)
+    return "; ".join(f"{m} at {', '.join(sorted(ss))}" for m, ss in miss.items())
+
+
 def render_claims(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[str]:
     from ..report.claims import claim_verdict, evaluate_claims, group_kinds, load_claims
     from ..report.delta_markdown import interval_coverage
@@ -256,7 +272,9 @@ def render_claims(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[
                                 method_names=published_method_names(r.report))
             v = v[v["who"] == "ours"]
             if not len(v):
-                md.append(f"  * `{r.grid}`: not evaluable yet: no record of the methods it compares")
+                lack = _lacking_for_claim(c, r.runs, published_method_names(r.report))
+                md.append(f"  * `{r.grid}`: not evaluable yet: no record of "
+                          + (lack or "the methods it compares"))
                 continue
             for row in v.to_dict("records"):
                 verdict = claim_verdict(row)
