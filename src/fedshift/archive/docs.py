@@ -97,8 +97,9 @@ def lacking(recs: Sequence[GridRecords]) -> List[str]:
     for r in recs:
         if r.missing:
             by: Dict[str, Dict[str, List[int]]] = {}
-            for scen, method, _, seed in r.missing:
-                by.setdefault(method, {}).setdefault(scen, []).append(seed)
+            several = len({st for _, _, st, _ in r.planned}) > 1  # name the structure where the grid has several
+            for scen, method, struct, seed in r.missing:
+                by.setdefault(f"{method} ({struct})" if several else method, {}).setdefault(scen, []).append(seed)
             parts = []
             for m, scens in by.items():
                 groups: Dict[str, List[str]] = {}  # the same seeds missing on several scenarios: said once
@@ -169,9 +170,10 @@ def render_table(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[s
         metrics = _metrics(agg, bool(runs["kind"].isin(["acc", "wdp", "cdp"]).any()))
         pub = _published(recs)
         order = list(dict.fromkeys(m for r in recs for _, m, _, _ in r.planned))
-        md += ["| scenario | method | " + " | ".join(t for _, t in metrics) + " | n | code |",
-               "|---|---|" + "---:|" * len(metrics) + "---:|---|"]
         keys = agg[["scenario", "method", "structure"]].drop_duplicates()
+        several = len({st for r in recs for _, _, st, _ in r.planned} | set(keys["structure"])) > 1
+        md += ["| scenario | method | " + ("structure | " if several else "") + " | ".join(t for _, t in metrics)
+               + " | n | code |", "|---|---|" + ("---|" if several else "") + "---:|" * len(metrics) + "---:|---|"]
         bracketed = False  # the caption names the paper's brackets only when a cell has one
         ns: List[int] = []
         keys = keys.assign(_o=keys["method"].map(lambda m: order.index(m) if m in order else len(order)))
@@ -194,7 +196,8 @@ def render_table(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[s
                         bracketed = True
                 cells.append(cell)
             sub = runs[(runs["scenario"] == scen) & (runs["method"] == method) & (runs["structure"] == struct)]
-            md.append(f"| {scen} | {method} | " + " | ".join(cells) + f" | {n} | {_code(sub)} |")
+            md.append(f"| {scen} | {method} | " + (f"{struct} | " if several else "") + " | ".join(cells)
+                      + f" | {n} | {_code(sub)} |")
             ns.append(n)
         md += ["", "Mean over seeds ± the 95 % confidence half-width (Student t, n − 1 degrees of freedom; the mean "
                "alone at n = 1), percent, " + ("average over the participants" if any(m != "global/top1" for m, _ in metrics)
