@@ -1,9 +1,9 @@
 # Load and validate the experiment grid, resolve every job's config, build target lists.
 import os
 import sys
+from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
-from pathlib import Path
 from snakemake.utils import min_version, validate
 
 min_version("9.0")

@@ -91,13 +91,18 @@ def _seeds(seeds: Sequence[int]) -> str:
     return ("seed " if len(s) == 1 else "seeds ") + ", ".join(str(x) for x in s)
 
 
+def _several_structures(recs: Sequence[GridRecords]) -> bool:
+    """Whether the grids plan more than one structure: their tables and lists then name each row's."""
+    return len({st for r in recs for _, _, st, _ in r.planned}) > 1
+
+
 def lacking(recs: Sequence[GridRecords]) -> List[str]:
     """Lines naming the runs without a current record and the stale records, with how to produce them."""
     md = []
     for r in recs:
         if r.missing:
             by: Dict[str, Dict[str, List[int]]] = {}
-            several = len({st for _, _, st, _ in r.planned}) > 1  # name the structure where the grid has several
+            several = _several_structures([r])
             for scen, method, struct, seed in r.missing:
                 by.setdefault(f"{method} ({struct})" if several else method, {}).setdefault(scen, []).append(seed)
             parts = []
@@ -171,7 +176,7 @@ def render_table(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[s
         pub = _published(recs)
         order = list(dict.fromkeys(m for r in recs for _, m, _, _ in r.planned))
         keys = agg[["scenario", "method", "structure"]].drop_duplicates()
-        several = len({st for r in recs for _, _, st, _ in r.planned} | set(keys["structure"])) > 1
+        several = _several_structures(recs)  # every row's structure is a planned one (base_pretrain's too)
         md += ["| scenario | method | " + ("structure | " if several else "") + " | ".join(t for _, t in metrics)
                + " | n | code |", "|---|---|" + ("---|" if several else "") + "---:|" * len(metrics) + "---:|---|"]
         bracketed = False  # the caption names the paper's brackets only when a cell has one
