@@ -453,3 +453,29 @@ def test_generated_table_of_a_global_model_grid_shows_the_global_model(tmp_path,
     assert "| scenario | method | global top1 | n | code |" in text
     assert f"| rotmnist | fedavg | 92.00 ± {half:.2f} | 3 | unrecorded code |" in text
     assert "percent, the global model;" in text and "n < 3" not in text
+
+
+def test_generated_table_caption_states_each_methods_schedule_score_and_protocols_from_the_records():
+    """The caption says what ran, from the records: rounds x local epochs (grouped where methods differ), a
+    stepwise method's rounds as minibatch steps (engine.local_epochs is not its schedule), the SOLO row as
+    pretraining only, the reported score, the scoring and test protocols, and what the intervals cover."""
+    def rows(method, base, rounds, epochs, select="best_val", test="clean"):
+        return [{"method": method, "base_method": base, "round": r, "local_epochs": epochs, "select": select,
+                 "protocol": "eval_models global, weighting samples", "test_protocol": test, "data_seed": "fixed",
+                 "redrawn": ""} for r in range(rounds + 1)]
+
+    runs = pd.DataFrame(rows("fedh2l", "fedh2l", 10000, 1) + rows("fedh2l_async", "fedh2l", 10000, 1)
+                        + rows("fedavg", "fedavg", 85, 6) + rows("fedmd", "fedmd", 500, 1)
+                        + rows("base_pretrain", "base_pretrain", 85, float("nan")))
+    text = docs.run_conditions(runs)
+    assert ("Schedule, from the records: 10,000 rounds of one minibatch step (fedh2l, fedh2l_async); "
+            "85 rounds x 6 local epochs (fedavg); 500 rounds x 1 local epoch (fedmd); "
+            "pretraining only, no federated round (base_pretrain).") in text
+    assert "Reported: each participant's test score at its best validation round (engine.select: best_val)." in text
+    assert "eval_models global, weighting samples. Test protocol: clean. Every seed trained" in text
+    assert "training noise (initialisation, batch order) only" in text
+    mixed = pd.DataFrame(rows("fccl", "fccl", 3, 2.0, select="last_k", test="authors")
+                         + rows("fedavg", "fedavg", 3, 2.0, select="last_k", test="clean"))
+    text = docs.run_conditions(mixed)
+    assert "3 rounds x 2 local epochs." in text  # one schedule: no per-method list, 2 not 2.0
+    assert "Test protocol: authors (fccl); clean (fedavg)." in text
