@@ -479,3 +479,55 @@ def test_generated_table_caption_states_each_methods_schedule_score_and_protocol
     text = docs.run_conditions(mixed)
     assert "3 rounds x 2 local epochs." in text  # one schedule: no per-method list, 2 not 2.0
     assert "Test protocol: authors (fccl); clean (fedavg)." in text
+
+
+def test_a_diverged_seed_is_archived_as_its_outcome_counted_beside_the_mean_and_never_averaged(tmp_path, monkeypatch):
+    """A seeded run stopped by a non-finite loss leaves its outcome in <run>.partial/diverged/
+    (runner.record_divergence): `fedshift archive` commits it, the workflow then plans it no more (current),
+    the generated table counts it beside n (`2 + 1 diverged`) with no verdict, the 'no record yet' list no longer
+    asks for it, and collect leaves it out of runs.csv, lists it in diverged.csv and the report says so."""
+    from fedshift.report.collect import collect
+    from fedshift.report.records import diverged_section
+
+    monkeypatch.chdir(tmp_path)
+    grid = _grid_file(tmp_path, "divgrid")
+    from fedshift.experiments import snakemake_config
+
+    merged = snakemake_config([Path(grid)])
+    plan = load_experiments({k: v for k, v in merged.items() if k != "data_params"}, "params/data.yaml")
+    results = tmp_path / "results"
+    jobs = sorted(plan.federate.items(), key=lambda kv: kv[0].seed)
+    for job, cfg in jobs[:2]:  # seeds 0 and 1 finished at 50 / 52 % intra
+        _fake_run(results / "federate" / plan.folder(job), cfg, intra=0.50 + 0.02 * job.seed)
+    div_job, div_cfg = jobs[2]  # seed 2 diverged in round 2 (what record_divergence writes)
+    div = results / "federate" / f"{plan.folder(div_job)}.partial" / "diverged"
+    _fake_run(div, div_cfg, rounds=1)
+    (div / "models.pt").unlink()
+    (div / "metrics.json").write_text(json.dumps({"run": div_cfg["run_name"], "diverged": True, "diverged_round": 2,
+                                                  "error": "fedshift: error: non-finite loss nan in method fedavg, "
+                                                           "participant m0, round 2, term local_loss"}))
+    out = io.StringIO()
+    counts = archive.archive_grid(plan, None, Path("records"), str(results), out=out)
+    assert counts["archived"] == 3, out.getvalue()
+    assert f"archived federate/{div_job.path} (diverged) -> records/divgrid/" in out.getvalue()
+    status = archive.grid_status(plan, None, Path("records"))
+    assert status.runs[("federate", div_job)].state == "current"  # recorded: the workflow does not rerun it
+
+    rec = docs.grid_records(grid)
+    assert rec.missing == [] and len(rec.diverged) == 1 and rec.diverged[0]["seed"] == 2
+    assert set(rec.runs["seed"]) == {0, 1}  # the diverged seed's evaluated rounds are in no mean
+    text = "\n".join(docs.render_table([rec], {}))
+    assert "| rotmnist | fedavg | 30.00 ± 0.00 | 51.00 ± 12.71 | 2 + 1 diverged |" in text
+    assert "a row with a diverged seed gives no verdict" in text
+    assert "No committed record yet" not in text
+    assert ("Diverged, recorded as their outcome (a non-finite loss or weight stopped them: rerunning repeats it; no "
+            "score, in no mean): 1 of the 3 runs of") in text
+    assert "fedavg on rotmnist, seed 2: round 2, non-finite loss nan in method fedavg" in text
+
+    runs_csv = tmp_path / "collect" / "runs.csv"
+    df = collect([archive.record_path("federate", j, "divgrid", Path("records")) for j, _ in jobs], runs_csv)
+    assert set(df["seed"]) == {0, 1}
+    listed = pd.read_csv(runs_csv.with_name("diverged.csv"))
+    assert listed[["method", "seed", "round"]].values.tolist() == [["fedavg", 2, 2]]
+    section = "\n".join(diverged_section(runs_csv))
+    assert section.startswith("## Diverged runs (in no mean)") and "fedavg on rotmnist, seed 2: round 2" in section

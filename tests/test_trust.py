@@ -92,6 +92,12 @@ def test_diverging_lr_fails_with_one_line_and_mlflow_failed(tiny_data, tmp_path,
     assert not (out / "metrics.json").exists()
     (run,) = _runs(mlflow_store)
     assert run.info.status == "FAILED"
+    # the divergence is the seed's outcome: recorded beside the checkpoint for `fedshift archive` (issue 52)
+    div = tmp_path / "out.partial" / "diverged"
+    m = json.loads((div / "metrics.json").read_text())
+    assert m["diverged"] is True and m["diverged_round"] == 1 and "fedshift: error: " + m["error"] == err[0]
+    assert (div / "config.yaml").exists() and (div / "inputs.json").exists() and (div / "rounds.csv").exists()
+    assert not (div / "models.pt").exists() and run.data.tags.get("diverged") == "true"
 
 
 def test_nan_weight_names_the_tensor(tiny_data):

@@ -51,7 +51,8 @@ from .engine.cpu import bf16_on, check_bf16, check_bf16_train, kind_record, set_
 from .engine.federation import Federation, derive_seeds, resolve_device, summarise
 from .engine.loop import FederateJob, Progress, RunLoop, device_note
 from .engine.sampling import check_engine, write_sampled
-from .errors import ConfigError, RunError
+from .errors import ConfigError, NonFiniteError, RunError
+from .report.collect import DIVERGED
 from .methods import create_method
 from .models import create_model
 from .scoring import scorers
@@ -211,8 +212,34 @@ def run_federate(cfg: Dict[str, Any], out_dir: Path, tracker=None, allow_code_ch
     if ckpt is not None:  # a resume across a code change is recorded in inputs.json (issue 51 R39)
         provenance.note_code_change(job.record, ckpt)
     loop = RunLoop(job, tracker)
-    loop.run(ckpt)
+    try:
+        loop.run(ckpt)
+    except NonFiniteError as exc:  # the job still fails; its outcome is kept for the archive (issue 52)
+        record_divergence(job, loop, tracker, exc)
+        raise
     return publish_federate(job, loop, tracker)
+
+
+def record_divergence(job: FederateJob, loop: RunLoop, tracker, exc: Exception) -> Path:
+    """A run stopped by a non-finite loss or weight (``engine.on_nonfinite: fail``) is an outcome of its
+    config, data and code, not a missing result: rerunning repeats it. Its record is written to
+    ``<run>.partial/diverged/`` (config.yaml, inputs.json, the rounds evaluated before it, and metrics.json
+    with ``diverged: true``, the round and the error), which a later successful run clears with the rest of
+    the checkpoint area; ``fedshift archive`` commits it as the run's record, so tables count the seed as
+    diverged instead of listing it as a run still to make. The job itself still fails (exit status 1)."""
+    cfg, fed = job.cfg, job.fed
+    metrics = {"run": cfg["run_name"], "diverged": True, "diverged_round": int(fed.round),
+               "error": str(exc).splitlines()[0], "evaluated_rounds": len(loop.history),
+               "timings": {**loop.timings, "resumed_after_rounds": loop.resumed}, "device": str(job.device)}
+    folder = job.partial / DIVERGED
+    _write_outputs(folder, cfg, metrics, loop.all_rows, NullTracker(), inputs=job.record)
+    try:  # tracking never costs a result
+        tracker.set_tags({"diverged": "true", "diverged.round": str(fed.round)})
+    except Exception:
+        pass
+    print(f"[{cfg['run_name']}] diverged in round {fed.round}: recorded in {folder} "
+          "(`fedshift archive` commits it as this seed's outcome)", file=sys.stderr, flush=True)
+    return folder
 
 
 def build_federate(cfg: Dict[str, Any], out_dir: Path, tracker) -> FederateJob:

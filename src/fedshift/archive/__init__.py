@@ -45,7 +45,7 @@ from ..errors import ConfigError
 from ..provenance import EXECUTION_KEYS, EXECUTION_SUBKEYS, INPUTS, changes, describe_code, run_identity
 from ..provenance import read as read_inputs
 from ..provenance import stale as data_stale
-from ..report.collect import RECORD, rounds_file
+from ..report.collect import DIVERGED, RECORD, rounds_file
 
 RECORDS = Path("records")
 ROUNDS_GZ = "rounds.csv.gz"
@@ -382,8 +382,11 @@ def archive_grid(plan, tune_plan=None, root: Path = RECORDS, results: str = "res
     for kind, job, cfg in jobs:
         run_dir = Path(results) / kind / plan.folder(job)  # <slot>-<identity> (issue 50)
         what = f"{kind}/{job.path}"
+        partial = run_dir.parent / f"{run_dir.name}.partial"
+        if not (run_dir / "metrics.json").exists() and (partial / DIVERGED / "metrics.json").exists():
+            run_dir = partial / DIVERGED  # its recorded divergence is its outcome (fedshift.runner.record_divergence)
+            what += " (diverged)"
         if not (run_dir / "metrics.json").exists():
-            partial = run_dir.parent / f"{run_dir.name}.partial"
             skip(what, "not finished (no metrics.json" + (f"; a checkpoint waits in {partial}" if partial.exists()
                                                            else "; not started here") + ")")
             continue

@@ -52,12 +52,13 @@ class GridRecords:
     missing: List[Tuple[str, str, str, int]]  # of those, the ones without a current record
     stale: List[str]  # one line per stale record
     chosen: List[Path]  # current archived tuning selections
+    diverged: List[dict] = dataclasses.field(default_factory=list)  # recorded divergences (collect.divergence)
 
 
 def grid_records(grid: str, root: Path = RECORDS) -> GridRecords:
     """The current records of grid file ``grid`` and what it still lacks."""
     from ..experiments import load_experiments, snakemake_config
-    from ..report.collect import load_run
+    from ..report.collect import divergence, load_run
     from ..tune import plan_tune
     from . import tune_record_path
 
@@ -69,13 +70,15 @@ def grid_records(grid: str, root: Path = RECORDS) -> GridRecords:
     tune = plan_tune(exp, plan)
     status = grid_status(plan, tune, root)
     current = status.current("federate")
-    frames = [load_run(s.path) for s in current.values()]
+    diverged = [d for d in (divergence(s.path) for s in current.values()) if d]  # outcomes, in no mean
+    finished = [s for s in current.values() if not any(d["run_dir"] == str(s.path) for d in diverged)]
+    frames = [load_run(s.path) for s in finished]
     pretrain = [s.path for s in status.current("pretrain").values()]
     if frames and pretrain:  # the papers' SOLO/BASE row (base_pretrain), as collect adds it
         from . import read_config
         from ..report.collect import pretrain_rows
 
-        frames.append(pretrain_rows([(read_config(s.path), int(f["round"].max())) for s, f in zip(current.values(), frames)],
+        frames.append(pretrain_rows([(read_config(s.path), int(f["round"].max())) for s, f in zip(finished, frames)],
                                     pretrain))
     runs = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
     planned = [(j.scenario, j.method, j.structure, j.seed) for j in plan.federate]
@@ -83,7 +86,7 @@ def grid_records(grid: str, root: Path = RECORDS) -> GridRecords:
     name = plan.report.get("name")
     chosen = [tune_record_path(g, name, root) for g, state in sorted(status.tune.items()) if state == "current"]
     return GridRecords(grid, grid_name(name), dict(plan.report), runs, planned, missing,
-                       [s.line() for s in status.stale()], chosen)
+                       [s.line() for s in status.stale()], chosen, diverged)
 
 
 def _seeds(seeds: Sequence[int]) -> str:
@@ -115,6 +118,12 @@ def lacking(recs: Sequence[GridRecords]) -> List[str]:
                       + "; ".join(parts) + f". They come from `snakemake --cores all --configfile {r.grid}` "
                       f"(in pieces: docs/fedh2l.md, \"Running the grid in pieces\"), then `fedshift archive {r.grid}` "
                       f"and a commit of `records/{r.name}/`.")
+        if r.diverged:
+            from ..report.collect import divergence_text
+
+            md.append(f"Diverged, recorded as their outcome (a non-finite loss or weight stopped them: rerunning "
+                      f"repeats it; no score, in no mean): {len(r.diverged)} of the {len(r.planned)} runs of "
+                      f"`{r.grid}`: " + "; ".join(divergence_text(d) for d in r.diverged) + ".")
         if r.stale:
             md.append(f"Stale records of `{r.grid}`, left out: " + "; ".join(r.stale) + ".")
     return md
@@ -176,6 +185,13 @@ def render_table(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[s
         pub = _published(recs)
         order = list(dict.fromkeys(m for r in recs for _, m, _, _ in r.planned))
         keys = agg[["scenario", "method", "structure"]].drop_duplicates()
+        div: Dict[Tuple[str, str, str], int] = {}  # recorded divergences per row: counted beside n, in no mean
+        for d in (d for r in recs for d in r.diverged):
+            div[(d["scenario"], d["method"], d["structure"])] = div.get((d["scenario"], d["method"], d["structure"]), 0) + 1
+        only = [k for k in div if not ((keys["scenario"] == k[0]) & (keys["method"] == k[1])
+                                       & (keys["structure"] == k[2])).any()]  # every seed diverged: a row all the same
+        if only:
+            keys = pd.concat([keys, pd.DataFrame(only, columns=["scenario", "method", "structure"])], ignore_index=True)
         several = _several_structures(recs)  # every row's structure is a planned one (base_pretrain's too)
         md += ["| scenario | method | " + ("structure | " if several else "") + " | ".join(t for _, t in metrics)
                + " | n | code |", "|---|---|" + ("---|" if several else "") + "---:|" * len(metrics) + "---:|---|"]
@@ -201,8 +217,9 @@ def render_table(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[s
                         bracketed = True
                 cells.append(cell)
             sub = runs[(runs["scenario"] == scen) & (runs["method"] == method) & (runs["structure"] == struct)]
+            k = div.get((scen, method, struct), 0)
             md.append(f"| {scen} | {method} | " + (f"{struct} | " if several else "") + " | ".join(cells)
-                      + f" | {n} | {_code(sub)} |")
+                      + f" | {n}{f' + {k} diverged' if k else ''} | {_code(sub)} |")
             ns.append(n)
         md += ["", "Mean over seeds ± the 95 % confidence half-width (Student t, n − 1 degrees of freedom; the mean "
                "alone at n = 1), percent, " + ("average over the participants" if any(m != "global/top1" for m, _ in metrics)
@@ -211,6 +228,11 @@ def render_table(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[s
         if min(ns, default=3) < 3:
             md[-1] += (" A row with n < 3 gives no verdict: no difference involving it ranks one method above "
                        "another (docs/verdicts.md).")
+        if div:
+            md[-1] += (" `+ k diverged`: seeds whose loss or weights became non-finite (their recorded outcome: "
+                       "rerunning repeats it). They have no score, so the row's mean and interval are over the "
+                       "seeds that finished, which is not the method's result at this setting: a row with a "
+                       "diverged seed gives no verdict.")
         md[-1] += " " + run_conditions(runs)
     else:
         md.append("No committed record backs this table yet.")
@@ -340,9 +362,17 @@ def render_claims(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[
                 md.append(f"  * `{r.grid}`: not evaluable yet: no record of "
                           + (lack or "the methods it compares"))
                 continue
+            names = published_method_names(r.report) or {}
+            compared = {names.get(m, m) for pair in c.get("compare") or [] for m in
+                        (str(x).partition("@")[0] for x in pair)}
             for row in v.to_dict("records"):
-                verdict = claim_verdict(row)
-                md.append(f"  * `{r.grid}`, {row['scenario']}: **{word(verdict)}** — {row['numbers']}")
+                verdict = word(claim_verdict(row))
+                div = sorted(d["method"] for d in r.diverged if d["scenario"] == row["scenario"]
+                             and d["method"] in compared)
+                if div:  # a mean over the seeds that finished is not the method's result: no verdict
+                    verdict = ("inconclusive (diverged seeds have no score: "
+                               + ", ".join(f"{m} {div.count(m)}" for m in dict.fromkeys(div)) + ")")
+                md.append(f"  * `{r.grid}`, {row['scenario']}: **{verdict}** — {row['numbers']}")
     covered = [interval_coverage(r.runs) for r in recs if len(r.runs)]
     if covered:
         md += ["", "What the intervals cover: " + " ".join(dict.fromkeys(covered)) + " Verdicts as the report's "

@@ -37,6 +37,30 @@ def _config(run_dir: Path) -> dict:
 
 
 RECORD = "record.json"  # marks an archived record (fedshift.archive): a run folder without its weights
+# <run>.partial/diverged/: a seeded run stopped by a non-finite loss or weight, recorded as its outcome
+# (fedshift.runner.record_divergence); archived like a finished run, never averaged
+DIVERGED = "diverged"
+
+
+def divergence(run_dir: Path) -> dict:
+    """``{}`` for a finished run; for a recorded divergence its ids, round and error (metrics.json
+    ``diverged: true``): such a seed has no score, so it is counted beside the means, never in them."""
+    run_dir = _folder(Path(run_dir))
+    try:
+        metrics = json.loads((run_dir / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    if not (isinstance(metrics, dict) and metrics.get("diverged")):
+        return {}
+    cfg = _config(run_dir)
+    return {**{c: cfg.get(c) for c in ID_COLUMNS}, "round": metrics.get("diverged_round"),
+            "error": metrics.get("error", ""), "run_dir": str(run_dir)}
+
+
+def divergence_text(d: dict) -> str:
+    """``fccl_plus on digits_offline, seed 1: round 3, <error>``."""
+    return (f"{d['method']} on {d['scenario']}, seed {d['seed']}: round {d['round']}, "
+            f"{str(d['error']).removeprefix('fedshift: error: ')}")
 
 
 def is_record(folder: Path) -> bool:
@@ -172,6 +196,19 @@ def current_runs(run_dirs: Iterable[Path], kind: str = "run") -> list:
 
 def collect(run_dirs: Iterable[Path], out: Path, pretrain_dirs: Iterable[Path] = ()) -> pd.DataFrame:
     run_dirs = current_runs(list(run_dirs), "federated run")
+    diverged = [d for d in (divergence(r) for r in run_dirs) if d]
+    if diverged:  # outcomes, not scores: listed, and never averaged with the seeds that finished
+        print(f"fedshift: collect counts {len(diverged)} diverged run(s) beside the tables, in no mean:",
+              file=sys.stderr)
+        for d in diverged:
+            print(f"  {divergence_text(d)}", file=sys.stderr)
+        gone = {d["run_dir"] for d in diverged}
+        run_dirs = [r for r in run_dirs if str(_folder(Path(r))) not in gone]
+        if not run_dirs:
+            raise ConfigError(f"every federated run given to collect diverged (listed above): no table to make; "
+                              "lower the learning rate (or set engine.on_nonfinite: skip_batch) and rerun")
+    atomic_write_text(Path(out).with_name("diverged.csv"),
+                      pd.DataFrame(diverged, columns=ID_COLUMNS + ["round", "error", "run_dir"]).to_csv(index=False))
     if not run_dirs:
         raise ConfigError("every federated run given to collect was made from inputs that changed since "
                           "(listed above); rerun them (snakemake) before collecting")

@@ -61,3 +61,23 @@ def records_section(report_cfg: Mapping, runs: pd.DataFrame) -> List[str]:
         md += [f"The data of {len(unbuilt)} record(s) is not built in this checkout, so their recorded data sha256 "
                "were not compared with a build (their configs were); `dvc repro` builds it.", ""]
     return md
+
+
+def diverged_section(runs_csv: Path) -> List[str]:
+    """The runs collect counted as diverged (``diverged.csv`` beside ``runs.csv``: their recorded outcome, a
+    non-finite loss or weight), in no mean; none when there are none."""
+    path = Path(runs_csv).with_name("diverged.csv")
+    if not path.exists():
+        return []
+    df = pd.read_csv(path)
+    if not len(df):
+        return []
+    from .collect import divergence_text
+
+    md = ["## Diverged runs (in no mean)", "",
+          f"{len(df)} run(s) stopped on a non-finite loss or weight (`engine.on_nonfinite: fail`); each is that "
+          "seed's recorded outcome at its settings (rerunning repeats it), so it has no score. The tables' means "
+          "and intervals are over the seeds that finished: a row missing a diverged seed is not the method's "
+          "result at that setting, and gives no verdict.", ""]
+    md += [f"- {divergence_text(d)} (`{d['run_dir']}`)" for d in df.to_dict("records")]
+    return md + [""]

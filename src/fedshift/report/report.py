@@ -35,7 +35,7 @@ from .grid_claims import grid_claims_section
 from .h2l import h2l_section  # FedH2L Table II (ACC / WDP / CDP) when the runs wrote pooled rows
 from .html import write_views  # report.html (figures embedded), claims.html, tables.tex
 from .palette import method_colours
-from .records import records_section  # issue 52: which numbers come from committed records, and with which code
+from .records import diverged_section, records_section  # issue 52: which numbers come from committed records, and with which code
 from .paper_delta import delta_report  # published tables (report.published) and the papers' claims
 from .rounds import rounds_report
 from . import runs_read
@@ -272,6 +272,7 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
         md += rounds_report(full, tmp, figure_cfg, last_k)
         md += report_figures(df, tmp, figure_cfg, last_k, tables=named)
         md += records_section(report_cfg, full)
+        md += diverged_section(Path(runs_csv))  # issue 52: diverged seeds, counted beside the tables
         md += runs_read.section(Path(runs_csv), tmp)  # issue 50: the run folders read, each with its identity
         (tmp / "report.md").write_text("\n".join(md))
         write_views(md, tmp, report_cfg.get("title", "fedshift report"))
