@@ -218,6 +218,10 @@ def render_table(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[s
                 cells.append(cell)
             sub = runs[(runs["scenario"] == scen) & (runs["method"] == method) & (runs["structure"] == struct)]
             k = div.get((scen, method, struct), 0)
+            if k:  # the code a diverged seed ran with is listed too
+                codes = [d.get("code") for r in recs for d in r.diverged
+                         if (d["scenario"], d["method"], d["structure"]) == (scen, method, struct)]
+                sub = pd.concat([sub, pd.DataFrame({"code": codes})], ignore_index=True)
             md.append(f"| {scen} | {method} | " + (f"{struct} | " if several else "") + " | ".join(cells)
                       + f" | {n}{f' + {k} diverged' if k else ''} | {_code(sub)} |")
             ns.append(n)

@@ -54,7 +54,7 @@ def divergence(run_dir: Path) -> dict:
         return {}
     cfg = _config(run_dir)
     return {**{c: cfg.get(c) for c in ID_COLUMNS}, "round": metrics.get("diverged_round"),
-            "error": metrics.get("error", ""), "run_dir": str(run_dir)}
+            "error": metrics.get("error", ""), "run_dir": str(run_dir), "code": code_of(run_dir)}
 
 
 def divergence_text(d: dict) -> str:
@@ -208,7 +208,7 @@ def collect(run_dirs: Iterable[Path], out: Path, pretrain_dirs: Iterable[Path] =
             raise ConfigError(f"every federated run given to collect diverged (listed above): no table to make; "
                               "lower the learning rate (or set engine.on_nonfinite: skip_batch) and rerun")
     atomic_write_text(Path(out).with_name("diverged.csv"),
-                      pd.DataFrame(diverged, columns=ID_COLUMNS + ["round", "error", "run_dir"]).to_csv(index=False))
+                      pd.DataFrame(diverged, columns=ID_COLUMNS + ["round", "error", "run_dir", "code"]).to_csv(index=False))
     if not run_dirs:
         raise ConfigError("every federated run given to collect was made from inputs that changed since "
                           "(listed above); rerun them (snakemake) before collecting")
