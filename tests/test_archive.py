@@ -531,3 +531,23 @@ def test_a_diverged_seed_is_archived_as_its_outcome_counted_beside_the_mean_and_
     assert listed[["method", "seed", "round"]].values.tolist() == [["fedavg", 2, 2]]
     section = "\n".join(diverged_section(runs_csv))
     assert section.startswith("## Diverged runs (in no mean)") and "fedavg on rotmnist, seed 2: round 2" in section
+
+
+def test_generated_cost_block_reads_each_records_timings_and_sizes_the_runs_still_missing(tmp_path, monkeypatch):
+    """The cost block: per method, CPU kind and threads, the median (min-max) of train_s + eval_s over the
+    records, and what the runs without a record would take at those medians."""
+    monkeypatch.chdir(tmp_path)
+    grid = _grid_file(tmp_path, "costgrid")
+    from fedshift.experiments import snakemake_config
+
+    merged = snakemake_config([Path(grid)])
+    plan = load_experiments({k: v for k, v in merged.items() if k != "data_params"}, "params/data.yaml")
+    for job, cfg in sorted(plan.federate.items(), key=lambda kv: kv[0].seed)[:2]:  # seeds 0, 1: 100 s and 300 s
+        folder = archive.record_path("federate", job, "costgrid")
+        _fake_run(folder, {**cfg, "engine": {**cfg["engine"], "threads": 1}})
+        (folder / "metrics.json").write_text(json.dumps({"timings": {"train_s": 90.0 + 200 * job.seed, "eval_s": 10.0},
+                                                         "numerics": {"cpu_kind": "avx512"}}))
+        (folder / archive.RECORD).write_text("{}")
+    text = "\n".join(docs.render_cost([docs.grid_records(grid)], {}))
+    assert "| fedavg | avx512 | 1 | 2 | 200 (100-300) |" in text
+    assert "The 1 run(s) without a record would take about 200 CPU-s at these medians." in text

@@ -407,8 +407,60 @@ def render_tuned(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[s
     return md
 
 
+# ----------------------------------------------------------------------------- kind: cost
+def run_costs(recs: Sequence[GridRecords]) -> pd.DataFrame:
+    """One row per federated record: method, the CPU kind and torch threads it ran with (metrics.json
+    ``numerics.cpu_kind``, config ``engine.threads``) and its training + evaluation seconds (``timings``)."""
+    import json
+
+    from . import read_config
+
+    rows = []
+    for r in recs:
+        if not len(r.runs):
+            continue
+        fed = r.runs[r.runs["method"] != "base_pretrain"]
+        for (method, run_dir), _ in fed.groupby(["method", "run_dir"], sort=False):
+            m = json.loads((Path(run_dir) / "metrics.json").read_text())
+            t = m.get("timings") or {}
+            if "train_s" not in t:
+                continue
+            threads = (read_config(Path(run_dir)).get("engine") or {}).get("threads")
+            rows.append({"method": method, "kind": (m.get("numerics") or {}).get("cpu_kind") or m.get("device", "?"),
+                         "threads": threads if threads is not None else "all",
+                         "seconds": float(t["train_s"]) + float(t.get("eval_s") or 0.0)})
+    return pd.DataFrame(rows, columns=["method", "kind", "threads", "seconds"])
+
+
+def render_cost(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[str]:
+    """What a run of each method cost, from the records (so a piece can be sized to the time at hand), and
+    what the runs still without a record would cost at those figures."""
+    cost = run_costs(recs)
+    if not len(cost):
+        return ["No committed record with timings backs this table yet.", ""]
+    order = list(dict.fromkeys(m for r in recs for _, m, _, _ in r.planned))
+    cost = cost.assign(_o=cost["method"].map(lambda m: order.index(m) if m in order else len(order)))
+    md = ["| method | CPU kind | threads | n | train + eval s per run: median (min-max) |", "|---|---|---:|---:|---:|"]
+    for (_, method, kind, threads), g in cost.groupby(["_o", "method", "kind", "threads"], sort=True):
+        sec = g["seconds"]
+        md.append(f"| {method} | {kind} | {threads} | {len(g)} | {sec.median():,.0f} ({sec.min():,.0f}-{sec.max():,.0f}) |")
+    md += ["", "From each record's metrics.json: `timings.train_s + eval_s`, the training and evaluation inside the "
+               "run (summed over its sittings when it resumed; not start-up, data loading or checkpoints), on the CPU "
+               "kind that made it (`numerics.cpu_kind`) with the grid's `engine.threads`. Per-run time depends on "
+               "the machine and on what ran beside it, so read it as a planning figure for the same kind, never as a speed comparison (that is "
+               "`benchmarks/bench_vs_reference.py`, side by side in one sitting)."]
+    med = cost.groupby("method")["seconds"].median()
+    missing = [m for r in recs for _, m, _, _ in r.missing]
+    if missing:
+        known = sum(float(med[m]) for m in missing if m in med.index)
+        unknown = sorted({m for m in missing if m not in med.index}, key=lambda m: order.index(m) if m in order else 0)
+        md[-1] += (f" The {len(missing)} run(s) without a record would take about {known:,.0f} CPU-s at these medians"
+                   + (f", plus those of {', '.join(unknown)} (no record yet to size them)" if unknown else "") + ".")
+    return md + [""]
+
+
 KINDS: Dict[str, Callable[[Sequence[GridRecords], Mapping[str, str]], List[str]]] = {
-    "table": render_table, "claims": render_claims, "tuned": render_tuned}
+    "table": render_table, "claims": render_claims, "tuned": render_tuned, "cost": render_cost}
 
 
 # ----------------------------------------------------------------------------- blocks in files
