@@ -14,12 +14,16 @@ same data where built) and names the runs it lacks and the stale records it left
 that produces them. Kinds:
 
 * ``table``: per (scenario, method) the headline metrics, mean ± 95 % CI half-width over seeds (Student
-  t; n in its column; the mean alone at n = 1), the published value in brackets where the grid's
-  ``report.published`` tables hold it, and the code version(s) of the records;
+  t; n in its column, ``+ k diverged`` beside it for seeds recorded as diverged, which no mean includes; the
+  mean alone at n = 1), the published value in brackets where the grid's ``report.published`` tables hold
+  it, and the code version(s) of the records; its caption says, from the records, the schedule per method,
+  the score reported, the scoring and test protocols and what the intervals cover;
 * ``claims``: the papers' conclusions (``params/papers/claims.yaml``, option ``ids=a,b``) on those records,
   through :func:`fedshift.report.claims.evaluate_claims`: **held**, **not held** or **inconclusive** with the
   numbers, and what the intervals cover;
-* ``tuned``: the tuned values (every candidate's validation score) from the archived selections.
+* ``tuned``: the tuned values (every candidate's validation score) from the archived selections;
+* ``cost``: per method, CPU kind and threads, the training + evaluation seconds of a run (median, range)
+  from the records' own timings, and what the runs still without a record would take at those medians.
 
 ``fedshift docs-tables`` rewrites the blocks; ``--check`` (and tests/test_docs_tables.py) re-renders them
 and fails where a block's text differs from its rendering.
