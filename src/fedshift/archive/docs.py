@@ -251,55 +251,23 @@ SELECT_WORDS = {"best_val": "each participant's test score at its best validatio
                 "last_k": "the mean of the last evaluated rounds' test scores (engine.select: last_k)"}
 
 
-def _grouped(values: Mapping[str, str]) -> str:
-    """``{method: text}`` as one text when every method has it, else ``text (m1, m2); text (m3)``."""
-    by: Dict[str, List[str]] = {}
-    for method, text in values.items():
-        by.setdefault(text, []).append(method)
-    if len(by) == 1:
-        return next(iter(by))
-    return "; ".join(f"{text} ({', '.join(ms)})" for text, ms in by.items())
-
-
 def run_conditions(runs: pd.DataFrame) -> str:
     """What ran, from the records themselves: the schedule (rounds x local epochs, per method where they
-    differ), the score each run reports, the scoring and test protocols, and what the intervals cover."""
+    differ: :mod:`fedshift.report.schedule`), the score each run reports, the scoring and test protocols, and
+    what the intervals cover."""
     from ..report.delta_markdown import interval_coverage
+    from ..report.schedule import first, grouped, schedules
 
-    def first(sub: pd.DataFrame, col: str) -> str:
-        vals = sub[col].dropna().astype(str).unique() if col in sub.columns else []
-        return ", ".join(sorted(v for v in vals if v)) if len(vals) else ""
-
-    from ..methods import METHODS
-    from ..methods.stepwise import StepwiseMethod
-    from ..report.collect import PRETRAIN_METHOD
-
-    def stepwise(base: str) -> bool:
-        try:
-            return issubclass(METHODS.get(base), StepwiseMethod)
-        except (ConfigError, KeyError):  # a plugin's method not installed here: its epochs as recorded
-            return False
-
-    schedule, select, scoring, tests = {}, {}, {}, {}
+    select, scoring, tests = {}, {}, {}
     for method, sub in runs.groupby("method", sort=False):
-        ep = pd.to_numeric(sub["local_epochs"], errors="coerce").dropna().unique() if "local_epochs" in sub else []
-        epochs = ", ".join(f"{e:g}" for e in sorted(ep))  # 2, not the 2.0 a column with a pretrain row's NaN holds
-        rounds = int(pd.to_numeric(sub["round"], errors="coerce").max())
-        base = first(sub, "base_method") or str(method)
-        if method == PRETRAIN_METHOD:  # its rows sit at the federated runs' last round; it trained none
-            schedule[method] = "pretraining only, no federated round"
-        elif stepwise(base):  # engine.local_epochs is not theirs: a round is one minibatch step per participant
-            schedule[method] = f"{rounds:,} rounds of one minibatch step"
-        else:
-            schedule[method] = f"{rounds:,} rounds" + (f" x {epochs} local epoch{'s' if epochs != '1' else ''}"
-                                                       if epochs else "")
         sel = first(sub, "select") or "last_k"
         select[method] = SELECT_WORDS.get(sel, f"engine.select: {sel}")
         scoring[method] = first(sub, "protocol") or "each participant's own model"
         tests[method] = first(sub, "test_protocol") or "clean"
     cover = interval_coverage(runs)
-    return (f"Schedule, from the records: {_grouped(schedule)}. Reported: {_grouped(select)}. Scored (the grid's `scoring:`, where a server delivers a model): "
-            f"{_grouped(scoring)}. Test protocol: {_grouped(tests)}. {cover[:1].upper() + cover[1:]}")
+    return (f"Schedule, from the records: {grouped(schedules(runs))}. Reported: {grouped(select)}. Scored (the "
+            f"grid's `scoring:`, where a server delivers a model): {grouped(scoring)}. Test protocol: "
+            f"{grouped(tests)}. {cover[:1].upper() + cover[1:]}")
 
 
 def _with_blank(lines: List[str]) -> List[str]:
