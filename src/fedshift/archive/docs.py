@@ -256,7 +256,15 @@ def run_conditions(runs: pd.DataFrame) -> str:
     differ: :mod:`fedshift.report.schedule`), the score each run reports, the scoring and test protocols, and
     what the intervals cover."""
     from ..report.delta_markdown import interval_coverage
+    from ..methods import METHODS
+    from ..methods.stepwise import StepwiseMethod
     from ..report.schedule import first, grouped, schedules
+
+    def stepwise(base: str) -> bool:  # engine.local_epochs is not theirs: a round is one minibatch step
+        try:
+            return issubclass(METHODS.get(base), StepwiseMethod)
+        except (ConfigError, KeyError):  # a plugin's method not installed here: its epochs as recorded
+            return False
 
     select, scoring, tests = {}, {}, {}
     for method, sub in runs.groupby("method", sort=False):
@@ -265,7 +273,7 @@ def run_conditions(runs: pd.DataFrame) -> str:
         scoring[method] = first(sub, "protocol") or "each participant's own model"
         tests[method] = first(sub, "test_protocol") or "clean"
     cover = interval_coverage(runs)
-    return (f"Schedule, from the records: {grouped(schedules(runs))}. Reported: {grouped(select)}. Scored (the "
+    return (f"Schedule, from the records: {grouped(schedules(runs, stepwise))}. Reported: {grouped(select)}. Scored (the "
             f"grid's `scoring:`, where a server delivers a model): {grouped(scoring)}. Test protocol: "
             f"{grouped(tests)}. {cover[:1].upper() + cover[1:]}")
 

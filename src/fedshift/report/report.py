@@ -35,7 +35,6 @@ from .grid_claims import grid_claims_section
 from .h2l import h2l_section  # FedH2L Table II (ACC / WDP / CDP) when the runs wrote pooled rows
 from .html import write_views  # report.html (figures embedded), claims.html, tables.tex
 from .palette import method_colours
-from .schedule import schedule_note  # the rows' schedules, from runs.csv
 from .records import diverged_section, records_section  # issue 52: which numbers come from committed records, and with which code
 from .paper_delta import delta_report  # published tables (report.published) and the papers' claims
 from .rounds import rounds_report
@@ -246,7 +245,6 @@ def make_report(runs_csv: Path, out_dir: Path, report_cfg: Optional[Dict] = None
             md.append(selection_note(sub[sub["method"] != "base_pretrain"], last_k)
                       + tuned_budget(report_cfg, sub) + "\n")  # issue 36: which selection, which rows tuned
             md.append(protocol_note(sub) + "\n")  # issue 47: which test set the table's numbers are on
-            md.append(schedule_note(sub) + "\n")  # what each row trained on, from its runs
             curves_figure(sub, tmp / f"curves__{slug}.png", f"{scen} / public {pub} / {struct}", order)
             md.append(f"![curves](curves__{slug}.png)\n")
         named = {}  # (table name, scenario, public, structure) -> (table, std): ablation bar charts

@@ -5,11 +5,10 @@ minibatch step per participant per round, ``engine.local_epochs`` not theirs) as
 
 from __future__ import annotations
 
-from typing import Dict, List, Mapping
+from typing import Callable, Dict, List, Mapping, Optional
 
 import pandas as pd
 
-from ..errors import ConfigError
 from .collect import PRETRAIN_METHOD
 
 
@@ -29,18 +28,9 @@ def grouped(values: Mapping[str, str]) -> str:
     return "; ".join(f"{text} ({', '.join(ms)})" for text, ms in by.items())
 
 
-def _stepwise(base: str) -> bool:
-    from ..methods import METHODS
-    from ..methods.stepwise import StepwiseMethod
-
-    try:
-        return issubclass(METHODS.get(base), StepwiseMethod)
-    except (ConfigError, KeyError):  # a plugin's method not installed here: its epochs as recorded
-        return False
-
-
-def schedules(runs: pd.DataFrame) -> Dict[str, str]:
-    """{method: its schedule} in the runs' method order."""
+def schedules(runs: pd.DataFrame, stepwise: Optional[Callable[[str], bool]] = None) -> Dict[str, str]:
+    """{method: its schedule} in the runs' method order. ``stepwise(base_method)``: whether a method takes one
+    minibatch step per round (the caller knows the methods; this layer does not import them)."""
     out: Dict[str, str] = {}
     for method, sub in runs.groupby("method", sort=False):
         ep = pd.to_numeric(sub["local_epochs"], errors="coerce").dropna().unique() if "local_epochs" in sub else []
@@ -51,7 +41,7 @@ def schedules(runs: pd.DataFrame) -> Dict[str, str]:
             out[method] = "pretraining only, no federated round"
         elif rounds != rounds:
             out[method] = "rounds not recorded"
-        elif _stepwise(base):
+        elif stepwise is not None and stepwise(base):
             out[method] = f"{int(rounds):,} rounds of one minibatch step"
         else:
             out[method] = f"{int(rounds):,} rounds" + (f" x {epochs} local epoch{'s' if epochs != '1' else ''}"
@@ -59,6 +49,6 @@ def schedules(runs: pd.DataFrame) -> Dict[str, str]:
     return out
 
 
-def schedule_note(runs: pd.DataFrame) -> str:
+def schedule_note(runs: pd.DataFrame, stepwise: Optional[Callable[[str], bool]] = None) -> str:
     """``Schedule, from the runs: ...`` for one table."""
-    return f"Schedule, from the runs: {grouped(schedules(runs))}." if len(runs) else ""
+    return f"Schedule, from the runs: {grouped(schedules(runs, stepwise))}." if len(runs) else ""
