@@ -50,12 +50,13 @@ def test_make_report_writes_tables_named_tables_and_figures(tmp_path):
     assert "± " in md and "### Ablation (inter, top1)" in md
 
 
-def test_schedule_note_names_each_methods_schedule_from_its_runs():
-    from fedshift.report.schedule import schedule_note
+def test_schedules_name_each_methods_schedule_from_its_runs():
+    from fedshift.report.schedule import grouped, schedules
 
     df = runs(methods=("fedh2l", "fedavg"), seeds=(0,), rounds=2).assign(local_epochs=2)
     df.loc[df["method"] == "fedh2l", "local_epochs"] = 1  # engine.local_epochs: not a stepwise method's schedule
-    assert schedule_note(df, lambda base: base == "fedh2l") == "Schedule, from the runs: 2 rounds of one minibatch step (fedh2l); 2 rounds x 2 local epochs (fedavg)."
+    assert grouped(schedules(df, lambda base: base == "fedh2l")) == \
+        "2 rounds of one minibatch step (fedh2l); 2 rounds x 2 local epochs (fedavg)"
 
 
 def test_a_table_mixing_scoring_protocols_is_marked():

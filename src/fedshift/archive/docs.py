@@ -74,8 +74,9 @@ def grid_records(grid: str, root: Path = RECORDS) -> GridRecords:
     tune = plan_tune(exp, plan)
     status = grid_status(plan, tune, root)
     current = status.current("federate")
-    diverged = [d for d in (divergence(s.path) for s in current.values()) if d]  # outcomes, in no mean
-    finished = [s for s in current.values() if not any(d["run_dir"] == str(s.path) for d in diverged)]
+    outcome = [(s, divergence(s.path)) for s in current.values()]
+    diverged = [d for _, d in outcome if d]  # recorded divergences: outcomes, in no mean
+    finished = [s for s, d in outcome if not d]
     frames = [load_run(s.path) for s in finished]
     pretrain = [s.path for s in status.current("pretrain").values()]
     if frames and pretrain:  # the papers' SOLO/BASE row (base_pretrain), as collect adds it
@@ -189,9 +190,9 @@ def render_table(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[s
         pub = _published(recs)
         order = list(dict.fromkeys(m for r in recs for _, m, _, _ in r.planned))
         keys = agg[["scenario", "method", "structure"]].drop_duplicates()
-        div: Dict[Tuple[str, str, str], int] = {}  # recorded divergences per row: counted beside n, in no mean
+        div: Dict[Tuple[str, str, str], List[dict]] = {}  # recorded divergences per row: beside n, in no mean
         for d in (d for r in recs for d in r.diverged):
-            div[(d["scenario"], d["method"], d["structure"])] = div.get((d["scenario"], d["method"], d["structure"]), 0) + 1
+            div.setdefault((d["scenario"], d["method"], d["structure"]), []).append(d)
         only = [k for k in div if not ((keys["scenario"] == k[0]) & (keys["method"] == k[1])
                                        & (keys["structure"] == k[2])).any()]  # every seed diverged: a row all the same
         if only:
@@ -221,11 +222,10 @@ def render_table(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[s
                         bracketed = True
                 cells.append(cell)
             sub = runs[(runs["scenario"] == scen) & (runs["method"] == method) & (runs["structure"] == struct)]
-            k = div.get((scen, method, struct), 0)
+            row_div = div.get((scen, method, struct), [])
+            k = len(row_div)
             if k:  # the code a diverged seed ran with is listed too
-                codes = [d.get("code") for r in recs for d in r.diverged
-                         if (d["scenario"], d["method"], d["structure"]) == (scen, method, struct)]
-                sub = pd.concat([sub, pd.DataFrame({"code": codes})], ignore_index=True)
+                sub = pd.concat([sub, pd.DataFrame({"code": [d.get("code") for d in row_div]})], ignore_index=True)
             md.append(f"| {scen} | {method} | " + (f"{struct} | " if several else "") + " | ".join(cells)
                       + f" | {n}{f' + {k} diverged' if k else ''} | {_code(sub)} |")
             ns.append(n)
@@ -302,19 +302,26 @@ def word(verdict: str) -> str:
     return verdict
 
 
+def _compared(claim: Mapping, names: Optional[Mapping[str, str]]) -> List[Tuple[str, str]]:
+    """``claim``'s compared items (``method`` or ``method@scenario``) as (our method name, scenario or '')."""
+    out = []
+    for pair in claim.get("compare") or []:
+        for item in pair:
+            method, _, at = str(item).partition("@")
+            out.append(((names or {}).get(method, method), at))
+    return out
+
+
 def _lacking_for_claim(claim: Mapping, runs: pd.DataFrame, names: Optional[Mapping[str, str]]) -> str:
     """Which of ``claim``'s compared methods (``method`` or ``method@scenario``) have no record at which of
     its scenarios: ``fedh2l at rotmnist_a05, rotmnist_a10; ind at rotmnist_a15``."""
     have = set(zip(runs["scenario"], runs["method"]))
     scenarios = claim.get("scenarios") or sorted(runs["scenario"].unique())
     miss: Dict[str, List[str]] = {}
-    for pair in claim.get("compare") or []:
-        for item in pair:
-            method, _, at = str(item).partition("@")
-            method = (names or {}).get(method, method)
-            for scen in ([at] if at else scenarios):
-                if (scen, method) not in have and scen not in miss.get(method, []):
-                    miss.setdefault(method, []).append(scen)
+    for method, at in _compared(claim, names):
+        for scen in ([at] if at else scenarios):
+            if (scen, method) not in have and scen not in miss.get(method, []):
+                miss.setdefault(method, []).append(scen)
     return "; ".join(f"{m} at {', '.join(sorted(ss))}" for m, ss in miss.items())
 
 
@@ -346,9 +353,7 @@ def render_claims(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[
                 md.append(f"  * `{r.grid}`: not evaluable yet: no record of "
                           + (lack or "the methods it compares"))
                 continue
-            names = published_method_names(r.report) or {}
-            compared = {names.get(m, m) for pair in c.get("compare") or [] for m in
-                        (str(x).partition("@")[0] for x in pair)}
+            compared = {m for m, _ in _compared(c, published_method_names(r.report))}
             for row in v.to_dict("records"):
                 verdict = word(claim_verdict(row))
                 div = sorted(d["method"] for d in r.diverged if d["scenario"] == row["scenario"]
@@ -393,13 +398,14 @@ def run_costs(recs: Sequence[GridRecords]) -> pd.DataFrame:
     ``numerics.cpu_kind``, config ``engine.threads``) and its training + evaluation seconds (``timings``)."""
     import json
 
+    from ..report.collect import PRETRAIN_METHOD
     from . import read_config
 
     rows = []
     for r in recs:
         if not len(r.runs):
             continue
-        fed = r.runs[r.runs["method"] != "base_pretrain"]
+        fed = r.runs[r.runs["method"] != PRETRAIN_METHOD]
         for (method, run_dir), _ in fed.groupby(["method", "run_dir"], sort=False):
             m = json.loads((Path(run_dir) / "metrics.json").read_text())
             t = m.get("timings") or {}

@@ -196,14 +196,14 @@ def current_runs(run_dirs: Iterable[Path], kind: str = "run") -> list:
 
 def collect(run_dirs: Iterable[Path], out: Path, pretrain_dirs: Iterable[Path] = ()) -> pd.DataFrame:
     run_dirs = current_runs(list(run_dirs), "federated run")
-    diverged = [d for d in (divergence(r) for r in run_dirs) if d]
+    outcome = [(r, divergence(r)) for r in run_dirs]
+    diverged = [d for _, d in outcome if d]
     if diverged:  # outcomes, not scores: listed, and never averaged with the seeds that finished
         print(f"fedshift: collect counts {len(diverged)} diverged run(s) beside the tables, in no mean:",
               file=sys.stderr)
         for d in diverged:
             print(f"  {divergence_text(d)}", file=sys.stderr)
-        gone = {d["run_dir"] for d in diverged}
-        run_dirs = [r for r in run_dirs if str(_folder(Path(r))) not in gone]
+        run_dirs = [r for r, d in outcome if not d]
         if not run_dirs:
             raise ConfigError(f"every federated run given to collect diverged (listed above): no table to make; "
                               "lower the learning rate (or set engine.on_nonfinite: skip_batch) and rerun")

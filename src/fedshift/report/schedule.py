@@ -1,7 +1,8 @@
 """What schedule a table's runs trained on, said from the runs themselves (``runs.csv`` / the records): rounds x
 local epochs per method, grouped where methods share one; a stepwise method's rounds (FedH2L, AGG, IND: one
 minibatch step per participant per round, ``engine.local_epochs`` not theirs) as steps; the papers' SOLO/BASE row
-(``base_pretrain``) as pretraining only. Used by the report's tables and the docs' generated tables."""
+(``base_pretrain``) as pretraining only. Used by the docs' generated tables (fedshift.archive.docs), which
+know the methods; this layer does not import them."""
 
 from __future__ import annotations
 
@@ -47,8 +48,3 @@ def schedules(runs: pd.DataFrame, stepwise: Optional[Callable[[str], bool]] = No
             out[method] = f"{int(rounds):,} rounds" + (f" x {epochs} local epoch{'s' if epochs != '1' else ''}"
                                                        if epochs else "")
     return out
-
-
-def schedule_note(runs: pd.DataFrame, stepwise: Optional[Callable[[str], bool]] = None) -> str:
-    """``Schedule, from the runs: ...`` for one table."""
-    return f"Schedule, from the runs: {grouped(schedules(runs, stepwise))}." if len(runs) else ""
