@@ -407,8 +407,27 @@ def test_paired_claim_is_judged_on_per_seed_differences(hi, verdict):
     assert "paired over seeds 0, 1, 2" in row["numbers"]
     d = [h - x for h, x in zip(hi, lo)]
     assert f"Δ = {sum(d) / 3:+.2f}" in row["numbers"]
+    # the pair says whether its own interval decided it
+    assert row["numbers"].endswith("(CI clear of 0)" if "CI-separated" in verdict else "(CI includes 0)"), row["numbers"]
     if verdict == "held (CI-separated)":  # unpaired, the same numbers could not order the two alphas
         assert claim_verdict(unpaired[unpaired["our_scenario"] == "rotmnist_a10"].iloc[0]) == MEANS_ONLY
+
+
+def test_each_pair_of_a_claim_says_whether_its_intervals_decide_it():
+    """A claim "a beats b and c": b is ahead of a with the intervals overlapping, c ahead with them apart, so
+    the claim is NOT held (CI-separated) because of c alone; each pair's line says which (the FedH2L vs
+    bandwidth-matched FedAvg / FedProx reading of Table II). A side with n < 3 decides nothing and says so."""
+    seeds = {"fedh2l": [86.0, 88.0, 90.0], "fedavg": [88.5, 90.5, 92.5], "fedprox": [96.0, 97.0, 98.0],
+             "moon": [95.0, 96.0]}
+    agg = aggregate(ours_long(runs(seeds=seeds), last_k=3, targets=[]))
+    claim = dict(id="c", paper="fedh2l", text="FedH2L beats FedAvg and FedProx", metric="inter",
+                 compare=[["fedh2l", "fedavg"], ["fedh2l", "fedprox"], ["fedh2l", "moon"]])
+    row = evaluate_claims([claim], agg, {}).query("who == 'ours'").iloc[0]
+    assert claim_verdict(row) == "NOT held (CI-separated)"
+    pairs = row["numbers"].split("; ")
+    assert pairs[0].startswith("fedh2l 88.00") and pairs[0].endswith("> fedavg 90.50 ± 4.97 (n=3): NO (intervals overlap)")
+    assert pairs[1].endswith("> fedprox 97.00 ± 2.48 (n=3): NO (intervals apart)")
+    assert pairs[2].endswith("(n=2): NO (no interval on one side: n < 3 or no measured spread)")
 
 
 def test_paired_must_be_seeds(tmp_path):

@@ -246,9 +246,11 @@ def _check(claim: dict, lookup, scenario: str, metric: Optional[str] = None) -> 
             can = not no_verdict_reason(dh, dn, max(va.resolution, vb.resolution))
             separated &= up and can and _beats(d - dh, 0.0, False, 1.0)
             against |= (not up) and can and _beats(0.0, d + dh, False, 1.0)
+            clear = "" if not can else " (CI clear of 0)" if _beats(d - dh, 0.0, False, 1.0) or _beats(0.0, d + dh, False, 1.0) \
+                else " (CI includes 0)"
             lines.append(f"{a} − {b} paired over seeds {', '.join(str(s) for s in seeds)}: "
                          f"Δ = {d:+.2f}{' (lower is better)' if lower else ''}, 95% CI [{d - dh:+.2f}, {d + dh:+.2f}] (n={dn}): "
-                         f"{'yes' if up else 'NO'}")
+                         f"{'yes' if up else 'NO'}{clear}")
             continue
         oa, ob = (_observations(va), _observations(vb, factor)) if rounds else (None, None)
         gehan_line = ""
@@ -270,6 +272,10 @@ def _check(claim: dict, lookup, scenario: str, metric: Optional[str] = None) -> 
         separated &= bool(ok) and sep_for
         against |= ok is False and sep_against
         word = {True: "yes", False: "NO", None: "open (censored)"}[ok]
+        if ok is not None and va.n and vb.n:  # ours on both sides: say whether this pair alone could decide
+            usable = _interval(va) is not None and _interval(vb, factor) is not None
+            word += (" (intervals apart)" if (sep_for if ok else sep_against) else " (intervals overlap)") if usable \
+                else " (no interval on one side: n < 3 or no measured spread)"
         ref = claim.get("ratio_vs")
         vr = lookup(ref, None, metric, part) if ref else None
         if ref and vr is not None and not pd.isna(vr.mean) and vr.mean:
