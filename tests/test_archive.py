@@ -518,7 +518,7 @@ def test_a_diverged_seed_is_archived_as_its_outcome_counted_beside_the_mean_and_
     assert rec.missing == [] and len(rec.diverged) == 1 and rec.diverged[0]["seed"] == 2
     assert set(rec.runs["seed"]) == {0, 1}  # the diverged seed's evaluated rounds are in no mean
     text = "\n".join(docs.render_table([rec], {}))
-    assert "| rotmnist | fedavg | 30.00 ± 0.00 | 51.00 ± 12.71 | 2 + 1 diverged |" in text
+    assert "| rotmnist | fedavg | 30.00 ± 0.00‡ | 51.00 ± 12.71 | 2 + 1 diverged |" in text
     assert "a row with a diverged seed gives no verdict" in text
     assert "No committed record yet" not in text
     assert ("Diverged, recorded as their outcome (a non-finite loss or weight stopped them: rerunning repeats it; no "
@@ -552,3 +552,26 @@ def test_generated_cost_block_reads_each_records_timings_and_sizes_the_runs_stil
     text = "\n".join(docs.render_cost([docs.grid_records(grid)], {}))
     assert "| fedavg | avx512 | 1 | 2 | 200 (100-300) |" in text
     assert "The 1 run(s) without a record would take about 200 CPU-s at these medians." in text
+
+
+def test_a_cell_whose_seeds_all_agree_is_marked_unmeasured_not_zero(tmp_path, monkeypatch):
+    """FedH2L at 88 % in every seed prints 88.00 ± 0.00 with ‡ and the caption says the spread is unmeasured
+    (no test size in the records: no coarser resolution assumed); AGG's seeds differ and carry no mark."""
+    from conftest import REPO
+    from fedshift.experiments import snakemake_config
+
+    monkeypatch.chdir(REPO)
+    grid = "params/papers/fedh2l_table2.yaml"
+    plan = load_experiments({k: v for k, v in snakemake_config([Path(grid)]).items() if k != "data_params"},
+                            "params/data.yaml")
+    for job, cfg in plan.federate.items():
+        if job.method in ("fedh2l", "agg") and job.scenario == "rotmnist_a15":
+            acc = 0.88 if job.method == "fedh2l" else 0.80 + 0.01 * job.seed
+            _pooled_run(archive.record_path("federate", job, "fedh2l_table2", tmp_path), cfg, acc)
+    text = "\n".join(docs.render_table([docs.grid_records(grid, tmp_path)], {}))
+    half = stats.t.ppf(0.975, 2) * 1.0 / math.sqrt(3)
+    row = {r.split(" | ")[1]: r for r in text.splitlines() if r.startswith("| rotmnist_a15 |")}
+    assert "| 88.00 ± 0.00‡ (" in row["fedh2l"]  # the paper's value in brackets after the mark
+    assert f"| 81.00 ± {half:.2f} (" in row["agg"] and "‡" not in row["agg"]
+    assert ("‡: every seed gave the same number (the records do not say the test size, so no coarser resolution "
+            "is assumed): the spread is unmeasured, not zero") in text

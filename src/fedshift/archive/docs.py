@@ -201,6 +201,7 @@ def render_table(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[s
         md += ["| scenario | method | " + ("structure | " if several else "") + " | ".join(t for _, t in metrics)
                + " | n | code |", "|---|---|" + ("---|" if several else "") + "---:|" * len(metrics) + "---:|---|"]
         bracketed = False  # the caption names the paper's brackets only when a cell has one
+        unmeasured = 0.0  # the coarsest resolution of a cell whose seeds agree to within it (marked ‡)
         ns: List[int] = []
         keys = keys.assign(_o=keys["method"].map(lambda m: order.index(m) if m in order else len(order)))
         for scen, method, struct, _ in keys.sort_values(["scenario", "_o", "structure"]).itertuples(index=False):
@@ -214,6 +215,9 @@ def render_table(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[s
                 h = hit.iloc[0]
                 n = max(n, int(h["n"]))
                 cell = fmt_interval(h["mean"], h["ci"], int(h["n"]))
+                if int(h["n"]) >= 2 and not pd.isna(h["ci"]) and h["ci"] < h["resolution"]:  # not a zero spread
+                    cell += "‡"
+                    unmeasured = max(unmeasured, float(h["resolution"]))
                 if pub is not None:
                     p = pub[(pub["scenario"] == scen) & (pub["method"] == method) & (pub["participant"] == "avg")
                             & (pub["metric"] == metric)]
@@ -236,6 +240,13 @@ def render_table(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[s
         if min(ns, default=3) < 3:
             md[-1] += (" A row with n < 3 gives no verdict: no difference involving it ranks one method above "
                        "another (docs/verdicts.md).")
+        if unmeasured:
+            from ..report.stats import resolution
+            within = ("every seed gave the same number (the records do not say the test size, so no coarser "
+                      "resolution is assumed)" if unmeasured <= resolution(None) else
+                      f"the seeds agree to within the metric's resolution (one test image, {unmeasured:.2g} points)")
+            md[-1] += (f" ‡: {within}: the spread is unmeasured, not zero, and no verdict rests on that cell "
+                       "(docs/verdicts.md).")
         if div:
             md[-1] += (" `+ k diverged`: seeds whose loss or weights became non-finite (their recorded outcome: "
                        "rerunning repeats it). They have no score, so the row's mean and interval are over the "
