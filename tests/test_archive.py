@@ -6,6 +6,7 @@ run -> archive -> report-from-records cycle is tests/test_workflow.py's archive 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import gzip
 import io
 import json
@@ -551,7 +552,14 @@ def test_generated_cost_block_reads_each_records_timings_and_sizes_the_runs_stil
         (folder / archive.RECORD).write_text("{}")
     text = "\n".join(docs.render_cost([docs.grid_records(grid)], {}))
     assert "| fedavg | avx512 | 1 | 2 | 200 (100-300) |" in text
-    assert "The 1 run(s) without a record would take about 200 CPU-s at these medians." in text
+    assert "The 1 run(s) without a record of fedavg would take about 200 CPU-s at these medians." in text
+    rec = docs.grid_records(grid)  # runs of a method no record sizes: named, never "about 0 CPU-s"
+    other = [(k, "fedprox", s, st) for k, _, s, st in rec.missing] * 2
+    text = "\n".join(docs.render_cost([dataclasses.replace(rec, missing=other)], {}))
+    assert "The 2 run(s) without a record are of fedprox, which no record sizes yet." in text
+    text = "\n".join(docs.render_cost([dataclasses.replace(rec, missing=rec.missing + other)], {}))
+    assert ("The 1 run(s) without a record of fedavg would take about 200 CPU-s at these medians, plus the 2 of "
+            "fedprox (no record yet to size them).") in text
 
 
 def test_a_cell_whose_seeds_all_agree_is_marked_unmeasured_not_zero(tmp_path, monkeypatch):

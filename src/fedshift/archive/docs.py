@@ -451,8 +451,15 @@ def render_cost(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[st
     if missing:
         known = sum(float(med[m]) for m in missing if m in med.index)
         unknown = sorted({m for m in missing if m not in med.index}, key=lambda m: order.index(m) if m in order else 0)
-        md[-1] += (f" The {len(missing)} run(s) without a record would take about {known:,.0f} CPU-s at these medians"
-                   + (f", plus those of {', '.join(unknown)} (no record yet to size them)" if unknown else "") + ".")
+        sized = len(missing) - sum(m in unknown for m in missing)
+        if not sized:  # nothing to add up: no "about 0 CPU-s"
+            md[-1] += (f" The {len(missing)} run(s) without a record are of {', '.join(unknown)}, which no record "
+                       "sizes yet.")
+        else:
+            md[-1] += (f" The {sized} run(s) without a record of {', '.join(m for m in dict.fromkeys(missing) if m in med.index)} "
+                       f"would take about {known:,.0f} CPU-s at these medians"
+                       + (f", plus the {len(missing) - sized} of {', '.join(unknown)} (no record yet to size them)"
+                          if unknown else "") + ".")
     return md + [""]
 
 
