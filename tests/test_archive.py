@@ -416,6 +416,32 @@ def test_table2_pieces_plan_the_full_grids_own_runs(monkeypatch):
             assert archive.config_diff(cfg, full[job]) == [], job
 
 
+def test_a_one_method_piece_of_the_private_seed_grid_plans_its_full_grids_runs(monkeypatch):
+    """docs/fedh2l.md: the private+seed grid maps both its methods in report.published_methods, so a piece of
+    one method is refused by name; with 'report.published_methods={}' it plans runs whose configs are the full
+    grid's (the same records, the same identities)."""
+    from conftest import REPO
+    from fedshift.experiments import snakemake_config
+    from fedshift.overrides import apply_overrides
+
+    monkeypatch.chdir(REPO)
+    grid = [Path("params/papers/fedh2l_table2_seedlocal.yaml")]
+
+    def plan(overrides=()):
+        exp = apply_overrides(snakemake_config(grid), list(overrides))
+        return load_experiments({k: v for k, v in exp.items() if k != "data_params"}, "params/data.yaml").federate
+
+    full = plan()
+    piece = ["grid=[{name: table2_seedlocal, scenarios: [rotmnist_a05, rotmnist_a10, rotmnist_a15], "
+             "methods: [ind_seedlocal], structures: [homo_lenet], seeds: [0, 1, 2]}]"]
+    with pytest.raises(ConfigError, match=r"report.published_methods: \['fedh2l_seedlocal'\] not run by the grid"):
+        plan(piece)
+    ind = plan(piece + ["report.published_methods={}"])
+    assert len(full) == 18 and len(ind) == 9 and {j.method for j in ind} == {"ind_seedlocal"}
+    for job, cfg in ind.items():
+        assert archive.config_diff(cfg, full[job]) == [] and cfg["identity"] == full[job]["identity"], job
+
+
 def test_generated_table_carries_the_solo_row_from_pretrain_records(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     grid = tiny_grid(methods=["base", "fedavg"], report={"name": "solo", "title": "solo"})
