@@ -34,6 +34,16 @@ def _plan(grid=None):
     return plan, plan_tune(grid, plan)
 
 
+def _plan_file(grid, overrides=()):
+    """Grid file ``grid`` planned as the workflow plans it: its merged config with ``overrides`` applied,
+    on params/data.yaml (run from the folder that holds them)."""
+    from fedshift.experiments import snakemake_config
+    from fedshift.overrides import apply_overrides
+
+    exp = apply_overrides(snakemake_config([Path(grid)]), list(overrides))
+    return load_experiments({k: v for k, v in exp.items() if k != "data_params"}, "params/data.yaml")
+
+
 def _fake_run(folder: Path, cfg: dict, intra: float = 0.5, inter: float = 0.3, rounds: int = 3, inputs=None) -> Path:
     """A finished run folder: the config it trained with, metrics.json, rounds.csv (every participant at
     ``intra`` on its own domain and ``inter`` on the others), a models.pt that must never be archived."""
@@ -260,10 +270,7 @@ def test_generated_table_renders_records_and_the_check_catches_a_hand_edit(tmp_p
     rec = docs.grid_records(grid)
     assert len(rec.missing) == 3 and rec.runs.empty
     exp = yaml.safe_load(Path(grid).read_text())
-    from fedshift.experiments import snakemake_config
-
-    merged = snakemake_config([Path(grid)])
-    plan = load_experiments({k: v for k, v in merged.items() if k != "data_params"}, "params/data.yaml")
+    plan = _plan_file(grid)
     assert exp["report"]["name"] == plan.report["name"]
     for job, cfg in plan.federate.items():  # seeds 0, 1, 2: intra 50/51/52 %, inter 30/32/34 %
         folder = archive.record_path("federate", job, "docgrid")
@@ -347,10 +354,7 @@ def test_table2_conclusions_render_held_or_not_evaluable_from_records(tmp_path, 
     monkeypatch.chdir(REPO)
     grid = "params/papers/fedh2l_table2.yaml"
     rec = docs.grid_records(grid, tmp_path)
-    from fedshift.experiments import snakemake_config
-
-    plan = load_experiments({k: v for k, v in snakemake_config([Path(grid)]).items() if k != "data_params"},
-                            "params/data.yaml")
+    plan = _plan_file(grid)
     base = {"fedh2l": 0.88, "agg": 0.80, "ind": 0.67}
     for job, cfg in plan.federate.items():
         if job.method in base:
@@ -395,15 +399,11 @@ def test_table2_pieces_plan_the_full_grids_own_runs(monkeypatch):
     grid with its configs, so `fedshift archive params/papers/fedh2l_table2.yaml` takes each piece's runs as
     the full grid's and the final report reads them all."""
     from conftest import REPO
-    from fedshift.experiments import snakemake_config
-    from fedshift.overrides import apply_overrides
 
     monkeypatch.chdir(REPO)
-    grid = [Path("params/papers/fedh2l_table2.yaml")]
 
     def plan(overrides=()):
-        exp = apply_overrides(snakemake_config(grid), list(overrides))
-        return load_experiments({k: v for k, v in exp.items() if k != "data_params"}, "params/data.yaml").federate
+        return _plan_file("params/papers/fedh2l_table2.yaml", overrides).federate
 
     full = plan()
     assert len(full) == 57  # 3 alphas x (FedH2L, AGG, IND, FedMD, FedAvg, FedProx) x 3 seeds + async x 3 seeds
@@ -421,15 +421,11 @@ def test_a_one_method_piece_of_the_private_seed_grid_plans_its_full_grids_runs(m
     one method is refused by name; with 'report.published_methods={}' it plans runs whose configs are the full
     grid's (the same records, the same identities)."""
     from conftest import REPO
-    from fedshift.experiments import snakemake_config
-    from fedshift.overrides import apply_overrides
 
     monkeypatch.chdir(REPO)
-    grid = [Path("params/papers/fedh2l_table2_seedlocal.yaml")]
 
     def plan(overrides=()):
-        exp = apply_overrides(snakemake_config(grid), list(overrides))
-        return load_experiments({k: v for k, v in exp.items() if k != "data_params"}, "params/data.yaml").federate
+        return _plan_file("params/papers/fedh2l_table2_seedlocal.yaml", overrides).federate
 
     full = plan()
     piece = ["grid=[{name: table2_seedlocal, scenarios: [rotmnist_a05, rotmnist_a10, rotmnist_a15], "
@@ -519,10 +515,7 @@ def test_a_diverged_seed_is_archived_as_its_outcome_counted_beside_the_mean_and_
 
     monkeypatch.chdir(tmp_path)
     grid = _grid_file(tmp_path, "divgrid")
-    from fedshift.experiments import snakemake_config
-
-    merged = snakemake_config([Path(grid)])
-    plan = load_experiments({k: v for k, v in merged.items() if k != "data_params"}, "params/data.yaml")
+    plan = _plan_file(grid)
     results = tmp_path / "results"
     jobs = sorted(plan.federate.items(), key=lambda kv: kv[0].seed)
     for job, cfg in jobs[:2]:  # seeds 0 and 1 finished at 50 / 52 % intra
@@ -566,10 +559,7 @@ def test_generated_cost_block_reads_each_records_timings_and_sizes_the_runs_stil
     records, and what the runs without a record would take at those medians."""
     monkeypatch.chdir(tmp_path)
     grid = _grid_file(tmp_path, "costgrid")
-    from fedshift.experiments import snakemake_config
-
-    merged = snakemake_config([Path(grid)])
-    plan = load_experiments({k: v for k, v in merged.items() if k != "data_params"}, "params/data.yaml")
+    plan = _plan_file(grid)
     for job, cfg in sorted(plan.federate.items(), key=lambda kv: kv[0].seed)[:2]:  # seeds 0, 1: 100 s and 300 s
         folder = archive.record_path("federate", job, "costgrid")
         _fake_run(folder, {**cfg, "engine": {**cfg["engine"], "threads": 1}})
@@ -592,12 +582,10 @@ def test_a_cell_whose_seeds_all_agree_is_marked_unmeasured_not_zero(tmp_path, mo
     """FedH2L at 88 % in every seed prints 88.00 ± 0.00 with ‡ and the caption says the spread is unmeasured
     (no test size in the records: no coarser resolution assumed); AGG's seeds differ and carry no mark."""
     from conftest import REPO
-    from fedshift.experiments import snakemake_config
 
     monkeypatch.chdir(REPO)
     grid = "params/papers/fedh2l_table2.yaml"
-    plan = load_experiments({k: v for k, v in snakemake_config([Path(grid)]).items() if k != "data_params"},
-                            "params/data.yaml")
+    plan = _plan_file(grid)
     for job, cfg in plan.federate.items():
         if job.method in ("fedh2l", "agg") and job.scenario == "rotmnist_a15":
             acc = 0.88 if job.method == "fedh2l" else 0.80 + 0.01 * job.seed

@@ -174,7 +174,7 @@ def _metrics(long: pd.DataFrame, pooled: bool) -> List[Tuple[str, str]]:
 def render_table(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[str]:
     from ..report.frames import topk
     from ..report.ours import aggregate, ours_long
-    from ..report.stats import fmt_interval
+    from ..report.stats import fmt_interval, resolution, spread_unmeasured
 
     frames = [r.runs.assign(_grid=r.grid) for r in recs if len(r.runs)]
     md: List[str] = []
@@ -215,7 +215,7 @@ def render_table(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[s
                 h = hit.iloc[0]
                 n = max(n, int(h["n"]))
                 cell = fmt_interval(h["mean"], h["ci"], int(h["n"]))
-                if int(h["n"]) >= 2 and not pd.isna(h["ci"]) and h["ci"] < h["resolution"]:  # not a zero spread
+                if int(h["n"]) >= 2 and not pd.isna(h["ci"]) and spread_unmeasured(h["ci"], h["resolution"]):
                     cell += "‡"
                     unmeasured = max(unmeasured, float(h["resolution"]))
                 if pub is not None:
@@ -241,7 +241,6 @@ def render_table(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[s
             md[-1] += (" A row with n < 3 gives no verdict: no difference involving it ranks one method above "
                        "another (docs/verdicts.md).")
         if unmeasured:
-            from ..report.stats import resolution
             within = ("every seed gave the same number (the records do not say the test size, so no coarser "
                       "resolution is assumed)" if unmeasured <= resolution(None) else
                       f"the seeds agree to within the metric's resolution (one test image, {unmeasured:.2g} points)")
@@ -449,16 +448,15 @@ def render_cost(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[st
     med = cost.groupby("method")["seconds"].median()
     missing = [m for r in recs for _, m, _, _ in r.missing]
     if missing:
-        known = sum(float(med[m]) for m in missing if m in med.index)
+        sized = [m for m in missing if m in med.index]
         unknown = sorted({m for m in missing if m not in med.index}, key=lambda m: order.index(m) if m in order else 0)
-        sized = len(missing) - sum(m in unknown for m in missing)
         if not sized:  # nothing to add up: no "about 0 CPU-s"
             md[-1] += (f" The {len(missing)} run(s) without a record are of {', '.join(unknown)}, which no record "
                        "sizes yet.")
         else:
-            md[-1] += (f" The {sized} run(s) without a record of {', '.join(m for m in dict.fromkeys(missing) if m in med.index)} "
-                       f"would take about {known:,.0f} CPU-s at these medians"
-                       + (f", plus the {len(missing) - sized} of {', '.join(unknown)} (no record yet to size them)"
+            md[-1] += (f" The {len(sized)} run(s) without a record of {', '.join(dict.fromkeys(sized))} would take "
+                       f"about {sum(float(med[m]) for m in sized):,.0f} CPU-s at these medians"
+                       + (f", plus the {len(missing) - len(sized)} of {', '.join(unknown)} (no record yet to size them)"
                           if unknown else "") + ".")
     return md + [""]
 

@@ -160,13 +160,13 @@ def _apart(low: float, high: float) -> bool:
     return not math.isinf(high) and _beats(high, low, True, 1.0)
 
 
-def _separation(va: Side, vb: Side, lower: bool, factor: float) -> Tuple[bool, bool]:
-    """(a beats b with the 95% intervals apart, b beats a with the intervals apart); both False when
-    either side has no interval that can carry a verdict (n < MIN_N, narrower than the resolution, seeds
-    that disagree about reaching a rounds target)."""
+def _separation(va: Side, vb: Side, lower: bool, factor: float) -> Optional[Tuple[bool, bool]]:
+    """(a beats b with the 95% intervals apart, b beats a with the intervals apart); None when either side
+    has no interval that can carry a verdict (n < MIN_N, narrower than the resolution, seeds that disagree
+    about reaching a rounds target)."""
     ia, ib = _interval(va), _interval(vb, factor)
     if ia is None or ib is None:
-        return False, False
+        return None
     if lower:
         return _apart(ib[0], ia[1]), _apart(ia[0], ib[1])
     return _apart(ia[0], ib[1]), _apart(ib[0], ia[1])
@@ -244,10 +244,10 @@ def _check(claim: dict, lookup, scenario: str, metric: Optional[str] = None) -> 
             up = _beats(d, 0.0, False, 1.0)
             failed |= not up
             can = not no_verdict_reason(dh, dn, max(va.resolution, vb.resolution))
-            separated &= up and can and _beats(d - dh, 0.0, False, 1.0)
-            against |= (not up) and can and _beats(0.0, d + dh, False, 1.0)
-            clear = "" if not can else " (CI clear of 0)" if _beats(d - dh, 0.0, False, 1.0) or _beats(0.0, d + dh, False, 1.0) \
-                else " (CI includes 0)"
+            above, below = _beats(d - dh, 0.0, False, 1.0), _beats(0.0, d + dh, False, 1.0)  # the CI clear of 0
+            separated &= up and can and above
+            against |= (not up) and can and below
+            clear = "" if not can else " (CI clear of 0)" if above or below else " (CI includes 0)"
             lines.append(f"{a} − {b} paired over seeds {', '.join(str(s) for s in seeds)}: "
                          f"Δ = {d:+.2f}{' (lower is better)' if lower else ''}, 95% CI [{d - dh:+.2f}, {d + dh:+.2f}] (n={dn}): "
                          f"{'yes' if up else 'NO'}{clear}")
@@ -268,14 +268,14 @@ def _check(claim: dict, lookup, scenario: str, metric: Optional[str] = None) -> 
         if ok is None:
             open_ += 1
         failed |= ok is False
-        sep_for, sep_against = _separation(va, vb, True if ratio else lower, factor)
+        sep = _separation(va, vb, True if ratio else lower, factor)
+        sep_for, sep_against = sep or (False, False)
         separated &= bool(ok) and sep_for
         against |= ok is False and sep_against
         word = {True: "yes", False: "NO", None: "open (censored)"}[ok]
         if ok is not None and va.n and vb.n:  # ours on both sides: say whether this pair alone could decide
-            usable = _interval(va) is not None and _interval(vb, factor) is not None
-            word += (" (intervals apart)" if (sep_for if ok else sep_against) else " (intervals overlap)") if usable \
-                else " (no interval on one side: n < 3 or no measured spread)"
+            word += (" (no interval on one side: n < 3 or no measured spread)" if sep is None else
+                     " (intervals apart)" if (sep_for if ok else sep_against) else " (intervals overlap)")
         ref = claim.get("ratio_vs")
         vr = lookup(ref, None, metric, part) if ref else None
         if ref and vr is not None and not pd.isna(vr.mean) and vr.mean:

@@ -158,6 +158,12 @@ def fmt_interval(mean: float, half: float, n: int, bounded: bool = True, digits:
     return f"{s} ± {half:.{digits}f}"
 
 
+def spread_unmeasured(half: float, res: Optional[float] = None) -> bool:
+    """A half-width below the metric's resolution (``res``; None or nan = the fallback for an unknown test
+    size): the seeds agree to within one test image, so their spread is unmeasured, not zero."""
+    return bool(half < (resolution(None) if res is None or pd.isna(res) else float(res)))
+
+
 def no_verdict_reason(half: float, n: int, res: Optional[float] = None) -> str:
     """Why an interval over ``n`` seeds cannot carry a verdict ('' when it can). ``res``: the metric's
     resolution (:func:`resolution`; None = the fallback for an unknown test size)."""
@@ -166,7 +172,7 @@ def no_verdict_reason(half: float, n: int, res: Optional[float] = None) -> str:
     if n < MIN_N:
         return f"n = {n} < {MIN_N}: too few seeds for a verdict"
     res = resolution(None) if res is None or pd.isna(res) else float(res)
-    if half < res:
+    if spread_unmeasured(half, res):
         return (f"half-width below the metric's resolution {res:.2g}: every seed gave the same number, "
                 "the spread is unmeasured")
     return ""
