@@ -35,13 +35,12 @@ def _plan(grid=None):
 
 
 def _plan_file(grid, overrides=()):
-    """Grid file ``grid`` planned as the workflow plans it: its merged config with ``overrides`` applied,
-    on params/data.yaml (run from the folder that holds them)."""
-    from fedshift.experiments import snakemake_config
+    """Grid file ``grid`` planned as ``fedshift run | archive`` plan it: its merged config with ``overrides``
+    applied, on its own data_params file (run from the folder that holds them)."""
+    from fedshift.experiments import plan_grid, snakemake_config
     from fedshift.overrides import apply_overrides
 
-    exp = apply_overrides(snakemake_config([Path(grid)]), list(overrides))
-    return load_experiments({k: v for k, v in exp.items() if k != "data_params"}, "params/data.yaml")
+    return plan_grid(apply_overrides(snakemake_config([Path(grid)]), list(overrides)))[0]
 
 
 def _fake_run(folder: Path, cfg: dict, intra: float = 0.5, inter: float = 0.3, rounds: int = 3, inputs=None) -> Path:

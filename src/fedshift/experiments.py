@@ -404,6 +404,20 @@ def check_published(names) -> None:
                               f"{', '.join(known)}")
 
 
+# Keys of the merged workflow config that steer execution (a profile's or --config's), not the experiment
+# grid: the Snakefile (rules/common.smk) and the CLI's planners (plan_grid) drop the same ones.
+WORKFLOW_KEYS = ("data_params", "gpus_per_job", "threads_per_job", "overlay_of", "records")
+
+
+def plan_grid(exp: Mapping, default_data: Path | str = "params/data.yaml") -> Tuple["Plan", Path]:
+    """(plan, data params file) of a merged workflow config ``exp`` (:func:`snakemake_config`, overrides
+    applied), planned as the Snakefile plans it: the grid without :data:`WORKFLOW_KEYS`, on the grid's own
+    ``data_params`` file, else ``default_data``. ``fedshift validate | run | archive`` and the generated docs
+    blocks plan through here, so none of them can drop a different set of keys than the workflow does."""
+    data_params = Path(exp.get("data_params") or default_data)
+    return load_experiments({k: v for k, v in exp.items() if k not in WORKFLOW_KEYS}, data_params), data_params
+
+
 def load_experiments(experiments: Path | Mapping, data_params: Path | Mapping,
                      results: str = "results", build: str = "build") -> Plan:
     """Validate the grid and resolve every job; raises ConfigError on the first problem."""

@@ -14,11 +14,10 @@ os.environ.setdefault("MLFLOW_DISABLE_TELEMETRY", "true")
 os.environ.update(FEDSHIFT_ROOT=os.path.abspath(os.path.join(workflow.basedir, "..")))
 
 from fedshift.errors import ConfigError
-from fedshift.experiments import load_experiments, write_configs, write_if_changed, dump_config
+from fedshift.experiments import WORKFLOW_KEYS, load_experiments, write_configs, write_if_changed, dump_config
 
 DATA_PARAMS = config.get("data_params", "params/data.yaml")
-# Execution keys set by a profile or --config, not part of the experiment grid.
-WORKFLOW_KEYS = ("data_params", "gpus_per_job", "threads_per_job", "overlay_of", "records")
+# Execution keys set by a profile or --config (WORKFLOW_KEYS) are not part of the experiment grid.
 GRID = {k: v for k, v in config.items() if k not in WORKFLOW_KEYS}
 # `--config engine='{rounds: 3}'`: Snakemake parses nested values with YAML's BaseLoader, so every
 # scalar arrives as a string ('3'); typed here as a grid file would type it (fedshift.overrides).

@@ -61,7 +61,7 @@ class GridRecords:
 
 def grid_records(grid: str, root: Path = RECORDS) -> GridRecords:
     """The current records of grid file ``grid`` and what it still lacks."""
-    from ..experiments import load_experiments, snakemake_config
+    from ..experiments import plan_grid, snakemake_config
     from ..report.collect import divergence, load_run
     from ..tune import plan_tune
     from . import tune_record_path
@@ -69,8 +69,7 @@ def grid_records(grid: str, root: Path = RECORDS) -> GridRecords:
     if not Path(grid).is_file():
         raise ConfigError(f"generated block: grid file {grid} not found")
     exp = snakemake_config([Path(grid)])
-    plan = load_experiments({k: v for k, v in exp.items() if k not in ("data_params", "gpus_per_job", "threads_per_job")},
-                            Path(exp.get("data_params") or "params/data.yaml"))
+    plan, _ = plan_grid(exp)
     tune = plan_tune(exp, plan)
     status = grid_status(plan, tune, root)
     current = status.current("federate")

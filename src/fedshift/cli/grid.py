@@ -73,11 +73,10 @@ def report_status(plan, tuned, report_cfg) -> list:
 
 
 def cmd_validate(args) -> None:
-    from ..experiments import check_built_data, load_experiments, snakemake_config
+    from ..experiments import check_built_data, plan_grid, snakemake_config
 
     exp = snakemake_config([Path(f) for f in args.experiments])
-    data_params = Path(exp.pop("data_params", None) or args.data_params)
-    plan = load_experiments(exp, data_params)
+    plan, data_params = plan_grid(exp, args.data_params)
     from ..tune import plan_tune  # issue 36: the tune block, checked as the workflow plans it
 
     tuned = plan_tune(exp, plan)
@@ -106,7 +105,7 @@ def _grid_plan(items, verb: str):
     """(grid files, overrides, merged grid, plan) of ``fedshift run | archive [GRID ...] KEY=VALUE ...``:
     the files merged as ``snakemake --configfile`` merges them, each dotted override set, then planned. The
     grid's notes are not printed here: Snakemake prints them when it plans (they were printed twice; issue 50)."""
-    from ..experiments import load_experiments, snakemake_config
+    from ..experiments import plan_grid, snakemake_config
     from ..overrides import apply_overrides
 
     grids = [i for i in items if "=" not in i]
@@ -116,9 +115,7 @@ def _grid_plan(items, verb: str):
             raise ConfigError(f"fedshift {verb}: {g}: no such grid file, and not a KEY=VALUE override")
     exp = apply_overrides(snakemake_config([Path(g) for g in grids or ["params/experiments.yaml"]], quiet=True),
                           overrides)
-    data_params = Path(exp.get("data_params") or "params/data.yaml")
-    plan = load_experiments({k: v for k, v in exp.items() if k not in ("data_params", "gpus_per_job", "threads_per_job")},
-                            data_params)
+    plan, _ = plan_grid(exp)
     return grids, overrides, exp, plan
 
 
