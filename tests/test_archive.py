@@ -333,10 +333,13 @@ def test_cli_archive_refuses_a_missing_grid_and_docs_tables_check_fails_on_a_typ
     assert main(["docs-tables", "--check", str(page)]) == 0
 
 
-def _pooled_run(folder: Path, cfg: dict, acc: float) -> None:
-    """A finished FedH2L-style run: pooled ACC / WDP / CDP rows and validation ACC at rounds 50 and 100."""
+def _pooled_run(folder: Path, cfg: dict, acc: float, inputs=None) -> None:
+    """A finished FedH2L-style run: pooled ACC / WDP / CDP rows and validation ACC at rounds 50 and 100
+    (and ``inputs`` as its inputs.json)."""
     folder.mkdir(parents=True)
     (folder / "config.yaml").write_text(dump_config(cfg))
+    if inputs is not None:
+        (folder / "inputs.json").write_text(json.dumps(inputs))
     (folder / "metrics.json").write_text("{}")
     (folder / archive.RECORD).write_text("{}")
     rows = [{"round": r, "participant": p, "arch": "lenet", "domain": "pooled", "kind": k, "top1": v, "top5": 1.0}
@@ -368,6 +371,48 @@ def test_table2_conclusions_render_held_or_not_evaluable_from_records(tmp_path, 
                 f"yes (intervals apart)") in text
     assert f"  * `{grid}`: not evaluable yet: no record of fedmd at rotmnist_a05, rotmnist_a10, rotmnist_a15" in text
     assert "What the intervals cover: every seed trained and was evaluated on one data draw" in text
+
+
+def test_a_reading_takes_the_rows_it_shares_from_the_other_grid_only_where_the_records_match(tmp_path, monkeypatch):
+    """The private+seed grid runs FedH2L and IND only; with ``shared=agg,...`` its conclusion (3) compares
+    them with the paper grid's AGG records, per scenario, only where both grids' records read the same
+    partitions: at α = 15 % this test gives AGG another partition hash, so there AGG is not taken and the
+    line says so instead of "not evaluable yet". A shared method no grid of the block runs is refused."""
+    from conftest import REPO
+
+    monkeypatch.chdir(REPO)
+    paper, reading = "params/papers/fedh2l_table2.yaml", "params/papers/fedh2l_table2_seedlocal.yaml"
+
+    def inputs(scen, digest="a"):  # a path not built here: the status does not check it, the claims block does
+        return {"inputs": {f"partition/{scen}": digest * 64},
+                "paths": {f"partition/{scen}": f"build/not-built-{digest}/{scen}/manifest.json"}}
+
+    for grid, name, base in ((paper, "fedh2l_table2", {"agg": 0.80}),
+                             (reading, "fedh2l_table2_seedlocal", {"fedh2l_seedlocal": 0.88, "ind_seedlocal": 0.67})):
+        for job, cfg in _plan_file(grid).federate.items():
+            if job.method in base:
+                other = job.method == "agg" and job.scenario == "rotmnist_a15"
+                _pooled_run(archive.record_path("federate", job, name, tmp_path), cfg, base[job.method] + 0.01 * job.seed,
+                            inputs(job.scenario, "b" if other else "a"))
+    recs = [docs.grid_records(paper, tmp_path), docs.grid_records(reading, tmp_path)]
+    text = "\n".join(docs.render_claims(recs, {"ids": "fedh2l_gt_agg_ind,fedh2l_gt_fedmd",
+                                               "shared": "agg,fedmd,fedavg,fedprox"}))
+    half = stats.t.ppf(0.975, 2) * 1.0 / math.sqrt(3)
+    for scen in ("rotmnist_a05", "rotmnist_a10"):
+        assert (f"  * `{reading}`, {scen}: **held** — fedh2l 89.00 ± {half:.2f} (n=3) > agg 81.00 ± {half:.2f} "
+                f"(n=3): yes (intervals apart); fedh2l 89.00 ± {half:.2f} (n=3) > ind 68.00 ± {half:.2f} (n=3): "
+                "yes (intervals apart)") in text
+    assert f"  * `{reading}`, rotmnist_a15: **not evaluated as a whole: agg not shared here (below)** — " in text
+    assert (f"`{reading}` does not run agg, fedmd, fedavg, fedprox: their rows are those of `{paper}` at "
+            "rotmnist_a05, rotmnist_a10") not in text  # fedmd has no record: only agg was taken
+    assert f"`{reading}` does not run agg: its rows are those of `{paper}` at rotmnist_a05, rotmnist_a10 " in text
+    assert f"`{reading}` does not take agg's rows from `{paper}` at rotmnist_a15 (differs in partitions" in text
+    # FedMD is shared but has no record yet: a sitting can change that, so "not evaluable yet"
+    assert f"  * `{reading}`: not evaluable yet: no record of fedmd at rotmnist_a05, rotmnist_a10, rotmnist_a15" in text
+    without = "\n".join(docs.render_claims(recs, {"ids": "fedh2l_gt_fedmd"}))
+    assert f"  * `{reading}`: not evaluated: the grid does not run fedmd" in without
+    with pytest.raises(ConfigError, match="shared=agg,moon: no grid of the block runs 'moon'"):
+        docs.render_claims(recs, {"ids": "fedh2l_gt_agg_ind", "shared": "agg,moon"})
 
 
 def test_report_lists_records_with_their_code_and_the_stale_ones_left_out(tmp_path):

@@ -11,7 +11,8 @@ from fedshift.archive.docs import BLOCK, check_or_write, doc_files
 EXPECTED = {
     "docs/fedh2l.md": ["table params/papers/fedh2l_table2.yaml params/papers/fedh2l_table2_seedlocal.yaml",
                        "claims params/papers/fedh2l_table2.yaml params/papers/fedh2l_table2_seedlocal.yaml "
-                       "ids=fedh2l_more_public_better,fedh2l_gt_agg_ind,fedh2l_gt_fedmd,fedh2l_gt_fedavg_a15"],
+                       "ids=fedh2l_more_public_better,fedh2l_gt_agg_ind,fedh2l_gt_fedmd,fedh2l_gt_fedavg_a15 "
+                       "shared=agg,fedmd,fedavg,fedprox"],
     "docs/tuning.md": ["tuned params/papers/tuned_digits_offline.yaml", "table params/papers/tuned_digits_offline.yaml",
                        "tuned params/papers/fedmmd_offline.yaml", "table params/papers/fedmmd_offline.yaml"],
     "docs/methods.md": ["table params/papers/current_baselines_offline.yaml"],

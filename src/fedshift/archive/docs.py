@@ -20,7 +20,11 @@ that produces them. Kinds:
   the score reported, the scoring and test protocols and what the intervals cover;
 * ``claims``: the papers' conclusions (``params/papers/claims.yaml``, option ``ids=a,b``) on those records,
   through :func:`fedshift.report.claims.evaluate_claims`: **held**, **not held** or **inconclusive** with the
-  numbers, and what the intervals cover;
+  numbers, and what the intervals cover. Option ``shared=m1,m2``: methods the block's grids have in common
+  although only one grid runs them (two readings of a paper that differ in other methods only, e.g. FedH2L's
+  ``private+seed`` reading leaves AGG, FedMD, FedAvg and FedProx as they are): a grid that does not run one
+  takes its rows from the grid that does, per scenario and only where the records say both ran on the same
+  partitions (inputs.json), structure, data draw, model selection and test protocol (:func:`shared_rows`);
 * ``tuned``: the tuned values (every candidate's validation score) from the archived selections;
 * ``cost``: per method, CPU kind and threads, the training + evaluation seconds of a run (median, range)
   from the records' own timings, and what the runs still without a record would take at those medians.
@@ -334,6 +338,73 @@ def _lacking_for_claim(claim: Mapping, runs: pd.DataFrame, names: Optional[Mappi
     return "; ".join(f"{m} at {', '.join(sorted(ss))}" for m, ss in miss.items())
 
 
+# What a row taken from another grid of a claims block must share with the grid's own records, per scenario
+# (besides the partitions, read from each record's inputs.json): otherwise it is not the same comparison.
+SHARED_SAME = ("structure", "public", "data_seed", "select", "protocol", "test_protocol")
+
+
+def _partitions(frame: pd.DataFrame) -> Optional[frozenset]:
+    """The partition manifests' sha256 the records in ``frame`` read (their inputs.json); None when a record
+    does not say."""
+    import json
+
+    from ..provenance import INPUTS
+
+    seen = set()
+    for folder in frame["record"].dropna().unique():
+        path = Path(folder) / INPUTS
+        if not path.is_file():
+            return None
+        inputs = json.loads(path.read_text()).get("inputs") or {}
+        seen |= {(k, v) for k, v in inputs.items() if k.startswith("partition/")}
+    return frozenset(seen) or None
+
+
+def shared_rows(r: GridRecords, recs: Sequence[GridRecords],
+                shared: Sequence[str]) -> Tuple[pd.DataFrame, List[str], set]:
+    """``r``'s runs plus, for each method of ``shared`` that ``r`` does not run, the rows of the block's grid
+    that runs it, at each scenario where ``r`` has records and both sides' records agree on the partitions
+    and on :data:`SHARED_SAME`; sentences saying where those rows came from, or why not; and the (method,
+    scenario) pairs refused for a difference."""
+    own = {m for _, m, _, _ in r.planned}
+    frames, notes, took, refused_at = [r.runs], [], {}, set()
+    for m in shared:
+        if m in own:
+            continue
+        donors = [o for o in recs if o is not r and m in {pm for _, pm, _, _ in o.planned}]
+        if not donors:
+            raise ConfigError(f"generated claims block: shared={','.join(shared)}: no grid of the block runs {m!r} "
+                              f"(the grids: {', '.join(o.grid for o in recs)})")
+        o = donors[0]
+        rows = o.runs[o.runs["method"] == m] if len(o.runs) else pd.DataFrame()
+        taken, refused = [], []
+        for scen, g in (rows.groupby("scenario", sort=True) if len(rows) else []):
+            mine = r.runs[r.runs["scenario"] == scen] if len(r.runs) else pd.DataFrame()
+            if not len(mine):
+                continue  # nothing of r's own to compare with at this scenario
+            differ = [c for c in SHARED_SAME if set(mine[c].astype(str)) != set(g[c].astype(str))]
+            parts = (_partitions(mine), _partitions(g))
+            if None in parts:
+                differ.append("partitions (a record has no inputs.json)")
+            elif parts[0] != parts[1]:
+                differ.append("partitions (inputs.json)")
+            if differ:
+                refused.append(f"{scen} (differs in {', '.join(differ)})")
+                refused_at.add((m, scen))
+            else:
+                frames.append(g)
+                taken.append(scen)
+        if taken:
+            took.setdefault((o.grid, ", ".join(taken)), []).append(m)
+        if refused:
+            notes.append(f"`{r.grid}` does not take {m}'s rows from `{o.grid}` at {', '.join(refused)}.")
+    notes[:0] = [f"`{r.grid}` does not run {', '.join(ms)}: {'its' if len(ms) == 1 else 'their'} rows are those of "
+                 f"`{donor}` at {at} (block option shared=; both grids' records show the same partitions, "
+                 "structure, data draw, model selection and test protocol there)." for (donor, at), ms in took.items()]
+    runs = pd.concat(frames, ignore_index=True) if len(frames) > 1 else r.runs
+    return runs, notes, refused_at
+
+
 def render_claims(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[str]:
     from ..report.claims import claim_verdict, evaluate_claims, group_kinds, load_claims
     from ..report.delta_markdown import interval_coverage
@@ -346,31 +417,49 @@ def render_claims(recs: Sequence[GridRecords], opts: Mapping[str, str]) -> List[
     unknown = sorted(set(ids) - {c["id"] for c in claims})
     if unknown:
         raise ConfigError(f"generated claims block: unknown claim id(s) {unknown}; see params/papers/claims.yaml")
+    shared = [m for m in opts.get("shared", "").split(",") if m]
+    runs_of, notes, refused = {}, [], {}
+    for r in recs:
+        runs_of[r.grid], said, refused[r.grid] = shared_rows(r, recs, shared)
+        notes += said
     md: List[str] = []
     for c in claims:
         md.append(f"* **{c['id']}**: {c['text']} ({c.get('source', '')})")
         for r in recs:
+            runs = runs_of[r.grid]
             if not len(r.runs):
                 md.append(f"  * `{r.grid}`: not evaluable yet: no committed record")
                 continue
-            long = ours_long(r.runs)
-            v = evaluate_claims([c], aggregate(long), {}, kinds=group_kinds(r.runs), per_seed=long,
-                                method_names=published_method_names(r.report))
+            names = published_method_names(r.report)
+            absent = sorted({m for m, _ in _compared(c, names)} - {m for _, m, _, _ in r.planned} - set(shared))
+            long = ours_long(runs)
+            v = evaluate_claims([c], aggregate(long), {}, kinds=group_kinds(runs), per_seed=long, method_names=names)
             v = v[v["who"] == "ours"]
             if not len(v):
-                lack = _lacking_for_claim(c, r.runs, published_method_names(r.report))
+                if absent:  # no sitting can change that: the grid does not run them and takes no rows of them
+                    md.append(f"  * `{r.grid}`: not evaluated: the grid does not run {', '.join(absent)}")
+                    continue
+                lack = _lacking_for_claim(c, runs, names)
                 md.append(f"  * `{r.grid}`: not evaluable yet: no record of "
                           + (lack or "the methods it compares"))
                 continue
-            compared = {m for m, _ in _compared(c, published_method_names(r.report))}
+            compared = {m for m, _ in _compared(c, names)}
+            borrowed = set(runs["method"]) - set(r.runs["method"])  # their divergences are recorded by their grid
+            diverged = r.diverged + [d for o in recs if o is not r for d in o.diverged if d["method"] in borrowed]
             for row in v.to_dict("records"):
                 verdict = word(claim_verdict(row))
-                div = sorted(d["method"] for d in r.diverged if d["scenario"] == row["scenario"]
+                apart = sorted(m for m in compared if (m, row["scenario"]) in refused[r.grid])
+                if (absent or apart) and verdict.startswith("not evaluable yet"):  # no record can complete it
+                    verdict = ("not evaluated as a whole: " + (f"the grid does not run {', '.join(absent)}" if absent
+                               else f"{', '.join(apart)} not shared here (below)"))
+                div = sorted(d["method"] for d in diverged if d["scenario"] == row["scenario"]
                              and d["method"] in compared)
                 if div:  # a mean over the seeds that finished is not the method's result: no verdict
                     verdict = ("inconclusive (diverged seeds have no score: "
                                + ", ".join(f"{m} {div.count(m)}" for m in dict.fromkeys(div)) + ")")
                 md.append(f"  * `{r.grid}`, {row['scenario']}: **{verdict}** — {row['numbers']}")
+    if notes:
+        md += ["", "Rows shared between the grids: " + " ".join(notes)]
     covered = [interval_coverage(r.runs) for r in recs if len(r.runs)]
     if covered:
         md += ["", "What the intervals cover: " + " ".join(dict.fromkeys(covered)) + " Verdicts as the report's "
