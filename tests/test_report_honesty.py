@@ -413,6 +413,20 @@ def test_paired_claim_is_judged_on_per_seed_differences(hi, verdict):
         assert claim_verdict(unpaired[unpaired["our_scenario"] == "rotmnist_a10"].iloc[0]) == MEANS_ONLY
 
 
+def test_a_paired_difference_over_two_seeds_says_it_decides_nothing():
+    """Two seeds in common give a (wide) interval of the differences but no verdict (n < 3): the pair's line
+    says so instead of printing a bare "yes" beside an interval it does not rest on."""
+    lo, hi = [50.0, 60.0], [51.0, 61.2]
+    long = ours_long(_alpha_runs({"rotmnist_a05": lo, "rotmnist_a10": hi}), last_k=3, targets=[])
+    claim = dict(id="alpha", paper="fedh2l", text="ACC grows with alpha", metric="inter", paired="seeds",
+                 compare=[["fedh2l@rotmnist_a10", "fedh2l@rotmnist_a05"]])
+    res = evaluate_claims([claim], aggregate(long), {}, per_seed=long)
+    row = res[res["our_scenario"] == "rotmnist_a10"].iloc[0]
+    assert "paired over seeds 0, 1" in row["numbers"] and "(n=2)" in row["numbers"]
+    assert row["numbers"].endswith(": yes (no verdict from this interval: n < 3 or no measured spread)"), row["numbers"]
+    assert claim_verdict(row) == MEANS_ONLY
+
+
 def test_each_pair_of_a_claim_says_whether_its_intervals_decide_it():
     """A claim "a beats b and c": b is ahead of a with the intervals overlapping, c ahead with them apart, so
     the claim is NOT held (CI-separated) because of c alone; each pair's line says which (the FedH2L vs

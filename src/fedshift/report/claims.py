@@ -247,7 +247,8 @@ def _check(claim: dict, lookup, scenario: str, metric: Optional[str] = None) -> 
             above, below = _beats(d - dh, 0.0, False, 1.0), _beats(0.0, d + dh, False, 1.0)  # the CI clear of 0
             separated &= up and can and above
             against |= (not up) and can and below
-            clear = "" if not can else " (CI clear of 0)" if above or below else " (CI includes 0)"
+            clear = (" (no verdict from this interval: n < 3 or no measured spread)" if not can else
+                     " (CI clear of 0)" if above or below else " (CI includes 0)")
             lines.append(f"{a} − {b} paired over seeds {', '.join(str(s) for s in seeds)}: "
                          f"Δ = {d:+.2f}{' (lower is better)' if lower else ''}, 95% CI [{d - dh:+.2f}, {d + dh:+.2f}] (n={dn}): "
                          f"{'yes' if up else 'NO'}{clear}")
