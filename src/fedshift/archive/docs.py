@@ -344,19 +344,16 @@ SHARED_SAME = ("structure", "public", "data_seed", "select", "protocol", "test_p
 
 
 def _partitions(frame: pd.DataFrame) -> Optional[frozenset]:
-    """The partition manifests' sha256 the records in ``frame`` read (their inputs.json); None when a record
-    does not say."""
-    import json
-
-    from ..provenance import INPUTS
+    """The partition manifests' sha256 the records in ``frame`` read (their inputs.json,
+    :func:`fedshift.provenance.read`); None when a record does not say."""
+    from ..provenance import read
 
     seen = set()
     for folder in frame["record"].dropna().unique():
-        path = Path(folder) / INPUTS
-        if not path.is_file():
+        rec = read(Path(folder))
+        if rec is None:
             return None
-        inputs = json.loads(path.read_text()).get("inputs") or {}
-        seen |= {(k, v) for k, v in inputs.items() if k.startswith("partition/")}
+        seen |= {(k, v) for k, v in rec["inputs"].items() if k.startswith("partition/")}
     return frozenset(seen) or None
 
 
@@ -368,6 +365,7 @@ def shared_rows(r: GridRecords, recs: Sequence[GridRecords],
     scenario) pairs refused for a difference."""
     own = {m for _, m, _, _ in r.planned}
     frames, notes, took, refused_at = [r.runs], [], {}, set()
+    mine_of = {s: (g, _partitions(g)) for s, g in r.runs.groupby("scenario")} if len(r.runs) else {}
     for m in shared:
         if m in own:
             continue
@@ -379,11 +377,11 @@ def shared_rows(r: GridRecords, recs: Sequence[GridRecords],
         rows = o.runs[o.runs["method"] == m] if len(o.runs) else pd.DataFrame()
         taken, refused = [], []
         for scen, g in (rows.groupby("scenario", sort=True) if len(rows) else []):
-            mine = r.runs[r.runs["scenario"] == scen] if len(r.runs) else pd.DataFrame()
-            if not len(mine):
+            if scen not in mine_of:
                 continue  # nothing of r's own to compare with at this scenario
+            mine, own_parts = mine_of[scen]
             differ = [c for c in SHARED_SAME if set(mine[c].astype(str)) != set(g[c].astype(str))]
-            parts = (_partitions(mine), _partitions(g))
+            parts = (own_parts, _partitions(g))
             if None in parts:
                 differ.append("partitions (a record has no inputs.json)")
             elif parts[0] != parts[1]:
